@@ -1,0 +1,48 @@
+"""Offline default: EfficientNet-B0 on scikit-learn's handwritten digits, 32 px.
+
+  python -m launch.train
+
+Needs no network: the data ship with scikit-learn. Expected on a 2-core CPU:
+see BUILD_NOTES.md for the measured time and eval_accuracy. Any field can be
+overridden on the command line, e.g. --config.epochs=5.
+"""
+
+import ml_collections
+
+
+def get_config():
+  """The default run; other configs import this and change a few fields."""
+  config = ml_collections.ConfigDict()
+
+  # Data: any tensorflow-datasets image classification name.
+  config.dataset = 'sklearn_digits'
+  config.data_dir = ''  # tfds data_dir; '' means ~/tensorflow_datasets.
+  config.train_split = 'train'
+  config.eval_split = ''  # '' picks 'validation', else 'test'.
+  config.image_size = 32
+  config.cache = 'memory'  # 'memory', '' (off), or a file path prefix.
+  config.shuffle_buffer = 10_000
+  config.augment = 'translate'  # Not 'translate_flip': a flipped 2 is no 2.
+  config.deterministic_input = False  # True trades speed for repeatable order.
+
+  # Model.
+  config.model = 'efficientnet_b0'
+  config.dropout_rate = 0.2
+
+  # Optimisation. The peak rate is base_learning_rate * global_batch / 256.
+  config.global_batch_size = 64
+  config.epochs = 30
+  config.optimizer = 'adamw'
+  config.base_learning_rate = 4e-3
+  config.warmup_epochs = 2.0
+  config.weight_decay = 0.05
+  config.label_smoothing = 0.1
+  config.seed = 0
+
+  # Execution. Steps per compiled call: fewer host round trips.
+  config.steps_per_execution = 8
+  config.log_every_steps = 50
+  config.checkpoint_every_steps = 200
+  config.keep_checkpoints = 3
+  config.eval_every_epochs = 10  # 0: evaluate only at the end.
+  return config

@@ -1,0 +1,9 @@
+"""The one exception type for mistakes a user can fix.
+
+The launchers turn a UserError into a one-line message and a non-zero exit,
+with no traceback; anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+  """A bad flag, config value, path or environment, explained in one line."""

@@ -1,0 +1,117 @@
+"""Compiled training and evaluation steps, several per call.
+
+Keras 3.15's own multi-step loop (`steps_per_execution` > 1) fails under
+MirroredStrategy (guide §1.1). This is the loop that works everywhere: one
+tf.function runs `steps_per_execution` steps in a `tf.range` loop, each step
+`strategy.run` on the next distributed batch, so the host is visited once
+per execution, not once per step (what TPUs and fast GPUs need).
+"""
+
+import keras
+import tensorflow as tf
+
+from pipeline.errors import UserError
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def make_optimizer(config, global_batch_size, total_steps, steps_per_epoch):
+  """Optimizer with linear-scaled peak rate, linear warmup and cosine decay."""
+  peak = config.base_learning_rate * global_batch_size / 256
+  warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
+                     max(total_steps - 1, 0))
+  schedule = keras.optimizers.schedules.CosineDecay(
+      initial_learning_rate=0.0, warmup_target=peak, warmup_steps=warmup_steps,
+      decay_steps=max(total_steps - warmup_steps, 1))
+  if config.optimizer == 'adamw':
+    optimizer = keras.optimizers.AdamW(schedule,
+                                       weight_decay=config.weight_decay)
+  elif config.optimizer == 'sgd':
+    optimizer = keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True,
+                                     weight_decay=config.weight_decay)
+  else:
+    raise UserError(f'unknown optimizer {config.optimizer!r}; accepted: '
+                    'adamw, sgd')
+  # Decay only weight matrices: decaying norms and biases hurts small models.
+  optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
+                                                 'beta'])
+  return optimizer
+
+
+def make_train_function(model, optimizer, strategy, global_batch_size,
+                        num_classes, label_smoothing, step, jit_compile):
+  """Returns train(iterator, num_steps) -> dict of float32 scalars.
+
+  `step` counts every step taken, including those LossScaleOptimizer skips
+  for non-finite gradients; `optimizer.iterations` counts applied updates,
+  so their difference is the number of skipped steps.
+  """
+  loss_fn = keras.losses.CategoricalCrossentropy(
+      from_logits=True, label_smoothing=label_smoothing, reduction=None)
+
+  # TPUs compile the whole step anyway; elsewhere XLA is opt-in per step.
+  @tf.function(jit_compile=jit_compile or None)
+  def replica_step(images, labels):
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      per_example = loss_fn(tf.one_hot(labels, num_classes), logits)
+      # Each replica divides by the global batch: gradients are then summed.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=global_batch_size)
+      scaled_loss = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled_loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    correct = tf.reduce_sum(tf.cast(
+        tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
+        tf.float32))
+    return loss, correct
+
+  @tf.function
+  def train(iterator, num_steps):
+    loss_sum = tf.constant(0.0)
+    correct_sum = tf.constant(0.0)
+    wait_s = tf.constant(0.0, tf.float64)
+    for _ in tf.range(num_steps):
+      # Stateful ops run in program order, so this brackets the fetch alone.
+      start = tf.timestamp()
+      images, labels = next(iterator)
+      with tf.control_dependencies(tf.nest.flatten(
+          strategy.experimental_local_results((images, labels)))):
+        wait_s += tf.timestamp() - start
+      loss, correct = strategy.run(replica_step, args=(images, labels))
+      loss_sum += strategy.reduce(SUM, loss, axis=None)
+      correct_sum += strategy.reduce(SUM, correct, axis=None)
+      step.assign_add(1)
+    steps = tf.cast(num_steps, tf.float32)
+    return {'loss': loss_sum / steps,
+            'accuracy': correct_sum / (steps * global_batch_size),
+            'input_wait_s': wait_s}
+
+  return train
+
+
+def make_eval_function(model, strategy, num_classes):
+  """Returns evaluate(iterator, num_steps) -> {loss, accuracy, examples}."""
+  loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                 reduction=None)
+
+  def replica_step(images, labels, weights):
+    logits = model(images, training=False)
+    loss = tf.reduce_sum(loss_fn(tf.one_hot(labels, num_classes), logits) *
+                         weights)
+    hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                            labels), tf.float32)
+    return loss, tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
+
+  @tf.function
+  def evaluate(iterator, num_steps):
+    totals = tf.zeros(3)
+    for _ in tf.range(num_steps):
+      per_replica = strategy.run(replica_step, args=next(iterator))
+      totals += tf.stack([strategy.reduce(SUM, t, axis=None)
+                          for t in per_replica])
+    loss, correct, examples = tf.unstack(totals)
+    return {'loss': loss / examples, 'accuracy': correct / examples,
+            'examples': examples}
+
+  return evaluate
