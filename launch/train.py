@@ -15,15 +15,22 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from launch import cli
 from pipeline import devices
 from pipeline import precision
 from pipeline import train
 from pipeline.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(__file__), '..', 'configs',
-                           'default.py'),
-    'Config file; override fields with --config.KEY=VALUE.', lock_config=True)
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), '..', 'configs',
+                               'default.py')
+try:
+  # ml_collections loads the file and applies --config.KEY=VALUE right here.
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', _DEFAULT_CONFIG,
+      'Config file; override fields with --config.KEY=VALUE.',
+      lock_config=True)
+except (AttributeError, KeyError, OSError) as e:
+  sys.exit('error: ' + cli.config_error(e, sys.argv))
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Where checkpoints, logs, metrics and the export go; '
     'rerunning with the same workdir resumes. Default: runs/<model>_<dataset>.')
@@ -46,9 +53,12 @@ _NUM_CPU_DEVICES = flags.DEFINE_integer(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  config = _CONFIG.value
-  workdir = _WORKDIR.value or os.path.join(
-      'runs', f'{config.model}_{config.dataset}')
+  try:
+    config = _CONFIG.value
+    run_name = f'{config.model}_{config.dataset}'  # Loads a lazy --config.
+  except OSError as e:
+    sys.exit('error: ' + cli.config_error(e, sys.argv))
+  workdir = _WORKDIR.value or os.path.join('runs', run_name)
   try:
     hardware = devices.resolve(_TPU.value, _TPU_ZONE.value, _GCP_PROJECT.value,
                                _NUM_CPU_DEVICES.value)
@@ -64,4 +74,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

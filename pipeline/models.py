@@ -17,8 +17,14 @@ MODELS = {
 }
 
 
-def build_model(name, num_classes, image_size, dropout_rate=0.2):
-  """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits."""
+def build_model(name, num_classes, image_size, dropout_rate=0.2,
+                batch_norm_momentum=0.99):
+  """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits.
+
+  keras.applications fixes batch-norm momentum at 0.99, tuned for hundreds of
+  ImageNet epochs; a short run needs faster-moving inference statistics, or
+  eval (which uses them) lags far behind training accuracy.
+  """
   if name not in MODELS:
     raise UserError(f'unknown model {name!r}; accepted: {", ".join(MODELS)}')
   if image_size < 32:
@@ -29,6 +35,9 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2):
   x = keras.layers.Rescaling(1.0, name='to_float')(images)
   backbone = MODELS[name](include_top=False, weights=None, pooling='avg',
                           input_shape=(image_size, image_size, 3))
+  for layer in backbone.layers:
+    if isinstance(layer, keras.layers.BatchNormalization):
+      layer.momentum = batch_norm_momentum
   x = backbone(x)
   x = keras.layers.Dropout(dropout_rate, name='head_dropout')(x)
   logits = keras.layers.Dense(num_classes, dtype='float32', name='logits')(x)

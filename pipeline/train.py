@@ -179,7 +179,8 @@ def train_and_evaluate(config, plan):
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
     model = models.build_model(config.model, source.num_classes,
-                               config.image_size, config.dropout_rate)
+                               config.image_size, config.dropout_rate,
+                               config.batch_norm_momentum)
     optimizer = precision.wrap_optimizer(
         steps_lib.make_optimizer(config, global_batch, total_steps,
                                  steps_per_epoch), plan.policy)

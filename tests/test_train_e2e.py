@@ -1,0 +1,181 @@
+"""End-to-end runs of `python -m launch.train` in fresh processes.
+
+Each run is the real pipeline: EfficientNet-B0 at 32 px on a slice of the
+bundled digits, through tfds, the strategy, checkpoints and export.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, run_train, tiny_args
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.json')) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope='module')
+def mirrored_run(tmp_path_factory, tfds_dir):
+  """The issue's acceptance command, shrunk: 2 replicas, bfloat16, 4 steps/call."""
+  workdir = str(tmp_path_factory.mktemp('mirrored'))
+  result = run_train(*tiny_args(workdir, tfds_dir, '--num_cpu_devices=2',
+                                '--policy=mixed_bfloat16'))
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir, result
+
+
+def test_mirrored_bfloat16_run_reports_two_replicas(mirrored_run):
+  workdir, result = mirrored_run
+  metrics = _metrics(workdir)
+  assert metrics['strategy'] == 'MirroredStrategy'
+  assert metrics['num_replicas'] == 2
+  assert metrics['policy'] == 'mixed_bfloat16'
+  assert metrics['steps_per_execution'] == 4
+  assert metrics['initial_step'] == 0
+  assert metrics['train_steps'] == metrics['total_steps'] == 16  # 2 x 256 // 32
+  assert metrics['train_images_per_sec'] > 0
+  assert 0.0 <= metrics['eval_accuracy'] <= 1.0
+  assert metrics['eval_examples'] == 359
+  assert metrics['skipped_steps'] == 0 and metrics['final_loss_scale'] is None
+  for line in ('MirroredStrategy, 2 replica(s)', 'Precision: mixed_bfloat16',
+               'XLA: off', 'Batch: 32 global, 16 per replica'):
+    assert line in result.stderr
+  run = json.load(open(os.path.join(workdir, 'run.json')))
+  assert run['config']['global_batch_size'] == 32
+  assert run['resolved']['per_replica_batch_size'] == 16
+
+
+def test_export_loads_in_fresh_process(mirrored_run):
+  workdir, _ = mirrored_run
+  script = (
+      'import sys, numpy as np, tensorflow as tf\n'
+      'model = tf.saved_model.load(sys.argv[1])\n'
+      'x = np.random.randint(0, 256, (3, 32, 32, 3), dtype=np.uint8)\n'
+      'p = model.serve(x).numpy()\n'
+      'assert p.dtype == np.float32 and p.shape == (3, 10), (p.dtype, p.shape)\n'
+      'assert np.allclose(p.sum(-1), 1, atol=1e-4), p.sum(-1)\n'
+      'print("ok")\n')
+  result = subprocess.run(
+      [sys.executable, '-c', script, os.path.join(workdir, 'export')],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0 and 'ok' in result.stdout, result.stderr[-2000:]
+
+
+def test_tensorboard_scalars_written(mirrored_run):
+  workdir, _ = mirrored_run
+  tags = set()
+  for split in ('train', 'eval'):
+    for path in tf.io.gfile.glob(os.path.join(workdir, 'tensorboard', split,
+                                              'events.*')):
+      for event in tf.compat.v1.train.summary_iterator(path):
+        tags.update(f'{split}/{v.tag}' for v in event.summary.value)
+  assert {'train/loss', 'train/learning_rate', 'train/images_per_sec',
+          'eval/accuracy', 'eval/loss'} <= tags
+
+
+def _wait_for_checkpoint(process, workdir, timeout_s=400):
+  state = os.path.join(workdir, 'checkpoints', 'checkpoint')
+  deadline = time.time() + timeout_s
+  while time.time() < deadline:
+    if os.path.exists(state):
+      return
+    if process.poll() is not None:
+      raise AssertionError('run ended before its first checkpoint: ' +
+                           process.stderr.read()[-3000:])
+    time.sleep(0.2)
+  raise AssertionError('no checkpoint within the timeout')
+
+
+def test_killed_run_resumes_its_step_count(tmp_path, tfds_dir):
+  """SIGKILL after the first checkpoint, rerun: the step count continues.
+
+  mixed_float16 puts the loss scale in the checkpoint too.
+  """
+  workdir = str(tmp_path / 'run')
+  args = tiny_args(workdir, tfds_dir, '--policy=mixed_float16',
+                   '--config.epochs=4', '--config.checkpoint_every_steps=8')
+  process = subprocess.Popen([sys.executable, '-m', 'launch.train', *args],
+                             cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    _wait_for_checkpoint(process, workdir)
+  finally:
+    process.kill()
+    process.wait()
+  committed = tf.train.latest_checkpoint(os.path.join(workdir, 'checkpoints'))
+  committed_step = int(committed.rsplit('-', 1)[1])
+  assert committed_step >= 8
+  assert not os.path.exists(os.path.join(workdir, 'metrics.json'))
+
+  result = run_train(*args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = _metrics(workdir)
+  assert metrics['initial_step'] >= committed_step
+  assert metrics['initial_step'] % 8 == 0  # A committed checkpoint, no other.
+  assert metrics['train_steps'] == 32 - metrics['initial_step']
+  assert f'Resuming at step {metrics["initial_step"]} of 32' in result.stderr
+  assert metrics['final_loss_scale'] > 0
+  assert 'loss scale' in result.stderr
+
+  # A third run finds the work done: nothing trains, the step stays put.
+  again = run_train(*args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert _metrics(workdir)['initial_step'] == 32
+  assert _metrics(workdir)['train_steps'] == 0
+
+
+def _tree_digest(root):
+  digest = hashlib.sha256()
+  for folder, _, files in sorted(os.walk(root)):
+    for name in sorted(files):
+      path = os.path.join(folder, name)
+      digest.update(path.encode())
+      with open(path, 'rb') as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
+@pytest.mark.parametrize('flags, named', [
+    (['--policy=fp8'], "--policy=fp8"),
+    (['--num_cpu_devices=2', '--config.global_batch_size=33'],
+     'global_batch_size=33'),
+    (['--config.dataset=no_such_set'], "'no_such_set'"),
+    (['--config.model=efficientnet_b9'], "'efficientnet_b9'"),
+    (['--config.no_such_key=1'], "'no_such_key'"),
+    (['--config.steps_per_execution=0'], 'steps_per_execution=0'),
+    (['--config=configs/no_such_config.py'], 'configs/no_such_config.py'),
+    (['--config.model=efficientnet_b1'], 'efficientnet_b1'),  # Another run's workdir.
+])
+def test_bad_input_fails_in_one_line_and_keeps_the_workdir(
+    mirrored_run, tfds_dir, flags, named):
+  workdir, _ = mirrored_run
+  before = _tree_digest(workdir)
+  # --config=FILE must come before its --config.KEY overrides.
+  result = run_train(*flags, f'--workdir={workdir}',
+                     f'--config.data_dir={tfds_dir}', timeout=300)
+  assert result.returncode != 0
+  assert 'Traceback' not in result.stderr
+  errors = [l for l in result.stderr.splitlines()
+            if l.startswith(('error:', 'FATAL Flags parsing error'))]
+  assert len(errors) == 1 and named in errors[0], result.stderr[-2000:]
+  assert _tree_digest(workdir) == before
+
+
+def test_unwritable_workdir_fails_in_one_line(tmp_path, tfds_dir):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('not a directory')
+  workdir = str(blocker / 'run')
+  result = run_train(f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',
+                     timeout=300)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  assert f"error: workdir '{workdir}' cannot be written" in result.stderr
+  assert blocker.read_text() == 'not a directory'
