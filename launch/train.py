@@ -14,6 +14,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+import tensorflow as tf
 
 from launch import cli
 from pipeline import devices
@@ -53,6 +54,8 @@ _NUM_CPU_DEVICES = flags.DEFINE_integer(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  # tf.distribute logs every all-reduce it plans at INFO: noise, not progress.
+  tf.get_logger().setLevel('WARNING')
   try:
     config = _CONFIG.value
     run_name = f'{config.model}_{config.dataset}'  # Loads a lazy --config.
