@@ -14,15 +14,26 @@ def get_config():
   """The default run; other configs import this and change a few fields."""
   config = ml_collections.ConfigDict()
 
-  # Data: any tensorflow-datasets image classification name.
+  # Data: a tensorflow-datasets image classification name, or 'tfrecord'.
   config.dataset = 'sklearn_digits'
-  config.data_dir = ''  # tfds data_dir; '' means ~/tensorflow_datasets.
-  config.train_split = 'train'
+  config.data_dir = ''  # tfds data_dir (local or gs://); '' is tfds' default.
+  config.train_split = 'train'  # tfds split spec, e.g. 'train[:90%]'.
   config.eval_split = ''  # '' picks 'validation', else 'test'.
+  # dataset='tfrecord': globs of files with image/encoded, image/class/label.
+  config.train_files = ''
+  config.eval_files = ''
+  config.num_classes = 0
+  config.label_offset = 0  # 1 for ImageNet TFRecords, which count from 1.
+  config.num_train_examples = 0  # 0: count the records once at start.
+  config.num_eval_examples = 0
   config.image_size = 32
-  config.cache = 'memory'  # 'memory', '' (off), or a file path prefix.
+  # Decoded images are cached: 'memory', '' (off), or a local file prefix
+  # for sets larger than RAM.
+  config.cache = 'memory'
   config.shuffle_buffer = 10_000
-  config.augment = 'translate'  # Not 'translate_flip': a flipped 2 is no 2.
+  # none, translate, translate_flip, inception (random resized crop + flip),
+  # inception_randaugment. Not a flip here: a mirrored 2 is no 2.
+  config.augment = 'translate'
   config.deterministic_input = False  # True trades speed for repeatable order.
 
   # Model.

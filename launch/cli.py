@@ -1,9 +1,23 @@
-"""Turns errors raised while flags are parsed into one readable line."""
+"""Flags shared by the launchers, and one-line errors for flag mistakes.
 
+Importing this module defines --config (with --config.KEY=VALUE overrides),
+the hardware flags and --policy/--xla; `resolve_plan()` turns them into the
+pipeline's Plan.
+"""
+
+import os
 import re
 import sys
 
-from absl import flags
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Before TensorFlow loads.
+
+from absl import flags  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags
+import tensorflow as tf
+
+from pipeline import devices
+from pipeline import precision
+from pipeline import train
 
 
 def config_error(error, argv):
@@ -30,3 +44,57 @@ def parse_flags(argv):
              'Pass --helpshort or --helpfull to see help on flags.')
   except (AttributeError, KeyError, OSError) as e:
     sys.exit('error: ' + config_error(e, argv))
+
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), '..', 'configs',
+                               'default.py')
+try:
+  # ml_collections loads the file and applies --config.KEY=VALUE right here.
+  CONFIG = config_flags.DEFINE_config_file(
+      'config', _DEFAULT_CONFIG,
+      'Config file; override fields with --config.KEY=VALUE.',
+      lock_config=True)
+except (AttributeError, KeyError, OSError) as e:
+  sys.exit('error: ' + config_error(e, sys.argv))
+WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Where checkpoints, logs, metrics and the export go; '
+    'rerunning with the same workdir resumes. Default: runs/<model>_<dataset>.')
+TPU = flags.DEFINE_string(
+    'tpu', '', "TPU name, 'local' (TPU VM, Colab) or grpc://host:port; "
+    'empty: no TPU.')
+TPU_ZONE = flags.DEFINE_string('tpu_zone', None, 'Zone of a named TPU.')
+GCP_PROJECT = flags.DEFINE_string('gcp_project', None,
+                                  'Project of a named TPU.')
+POLICY = flags.DEFINE_enum('policy', 'auto', precision.POLICIES,
+                           'Precision policy; auto picks one per device.')
+XLA = flags.DEFINE_enum('xla', 'auto', ['auto', 'on', 'off'],
+                        'XLA compilation of the training step.')
+NUM_CPU_DEVICES = flags.DEFINE_integer(
+    'num_cpu_devices', 1, 'Split the host CPU into this many logical devices '
+    '(a MirroredStrategy over them) to run multi-replica code without '
+    'accelerators.')
+
+
+def load_config():
+  """The --config ConfigDict, or a one-line exit if its file did not load."""
+  try:
+    config = CONFIG.value
+    config.get('model')  # A lazy value raises here if the file failed.
+  except OSError as e:
+    sys.exit('error: ' + config_error(e, sys.argv))
+  return config
+
+
+def resolve_plan(config):
+  """Hardware, strategy, policy and XLA from the flags; may raise UserError."""
+  # tf.distribute logs every all-reduce it plans at INFO: noise, not progress.
+  tf.get_logger().setLevel('WARNING')
+  workdir = WORKDIR.value or os.path.join(
+      'runs', f'{config.model}_{config.dataset}')
+  hardware = devices.resolve(TPU.value, TPU_ZONE.value, GCP_PROJECT.value,
+                             NUM_CPU_DEVICES.value)
+  policy, policy_reason = precision.choose_policy(
+      POLICY.value, hardware.device_kind, hardware.gpu_compute_capability,
+      precision.cpu_has_amx())
+  xla, xla_reason = train.choose_xla(XLA.value, hardware)
+  return train.Plan(hardware, policy, policy_reason, xla, xla_reason, workdir)

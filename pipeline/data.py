@@ -1,58 +1,99 @@
-"""tf.data input from tensorflow-datasets, built per worker.
+"""tf.data input from tensorflow-datasets or TFRecord files, built per worker.
 
-Order matters (guide §1.9): decode and resize once, cache, then shuffle,
-random augmentation, batch and prefetch, so augmentation differs every epoch.
-Images stay uint8 until they reach the device, where the model casts them.
-Every input function takes a tf.distribute.InputContext, so each worker reads
-its own shard and batches are per replica.
+Both sources become a stream of (encoded image, label, origin) records, so one
+pipeline serves them: shard per worker, decode and resize once, cache, then
+shuffle, random augmentation, batch and prefetch (guide §1.9: augmenting
+before the cache would freeze it). Images stay uint8 until they reach the
+device, where the model casts them. Every input function takes a
+tf.distribute.InputContext: each worker reads its own files (or, with fewer
+files than workers, its own examples), and batches are per replica.
 """
 
 import dataclasses
+import os
+import re
+from typing import Callable
 
+import keras
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from pipeline import sklearn_digits  # pylint: disable=unused-import  (registers the builder)
+from pipeline import tfrecords
 from pipeline.errors import UserError
 
 AUTOTUNE = tf.data.AUTOTUNE
-AUGMENTATIONS = ('none', 'translate', 'translate_flip')
+AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
+                 'inception_randaugment')
+# Inception-style runs cache a larger image; eval takes the central 87.5%.
+_CENTRAL_FRACTION = 0.875
+_LABEL_ERROR = 'LABEL_OUT_OF_RANGE'
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """A prepared tfds data set and the splits a run reads."""
-  builder: tfds.core.DatasetBuilder
-  train_split: str
-  eval_split: str
+  """Where the examples come from, and how many there are."""
+  name: str
   num_classes: int
   num_train_examples: int
   num_eval_examples: int
+  # read(split, input_context, shuffle, seed) -> records of this pipeline.
+  read: Callable[..., tf.data.Dataset]
+  # parse(*record) -> (encoded image, label, origin); may fail for bad data.
+  parse: Callable[..., tuple]
 
 
 def load_source(config):
-  """Finds and prepares `config.dataset`; a UserError if that cannot work."""
+  """Finds `config.dataset` (a tfds name or 'tfrecord'); a UserError if not."""
+  if config.dataset == 'tfrecord':
+    return _tfrecord_source(config)
+  return _tfds_source(config)
+
+
+# --- tensorflow-datasets ---------------------------------------------------
+
+
+def _tfds_source(config):
   try:
     builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
   except tfds.core.registered.DatasetNotFoundError:
-    raise UserError(f'unknown dataset {config.dataset!r}; accepted: any '
-                    'tensorflow-datasets image classification name, e.g. '
-                    'sklearn_digits (offline), cifar10, imagenet2012')
+    raise UserError(f'unknown dataset {config.dataset!r}; accepted: '
+                    "'tfrecord' or a tensorflow-datasets image classification "
+                    'name, e.g. sklearn_digits (offline), cifar10, imagenet2012')
   try:
     builder.download_and_prepare()
   except Exception as e:  # Network, disk and manual-download errors alike.
-    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise UserError(f'dataset {config.dataset!r} could not be prepared in '
-                    f'{builder.data_dir}: {first_line}')
+                    f'{builder.data_dir}: {_first_line(e)}')
   features = builder.info.features
-  if 'label' not in features or not hasattr(features['label'], 'num_classes'):
-    raise UserError(f'dataset {config.dataset!r} has no class label; it is '
-                    'not an image classification data set')
-  eval_split = config.eval_split or _held_out_split(builder)
-  return Source(builder, config.train_split, eval_split,
-                num_classes=features['label'].num_classes,
-                num_train_examples=_num_examples(builder, config.train_split),
-                num_eval_examples=_num_examples(builder, eval_split))
+  if not ('label' in features and 'image' in features and
+          isinstance(features['label'], tfds.features.ClassLabel) and
+          isinstance(features['image'], tfds.features.Image)):
+    raise UserError(f'dataset {config.dataset!r} has no image and class label; '
+                    'it is not an image classification data set')
+  splits = {'train': config.train_split,
+            'eval': config.eval_split or _held_out_split(builder)}
+  sizes = {k: _num_examples(builder, v) for k, v in splits.items()}
+
+  def read(split, input_context, shuffle, seed):
+    name = splits[split]
+    pipelines = input_context.num_input_pipelines
+    by_file = _num_files(builder, name) >= pipelines
+    dataset = builder.as_dataset(
+        split=name, shuffle_files=shuffle and by_file,
+        read_config=tfds.ReadConfig(
+            input_context=input_context if pipelines > 1 and by_file else None,
+            shuffle_seed=seed, try_autocache=False),
+        # Shard and count before decoding: decode in our pipeline.
+        decoders={'image': tfds.decode.SkipDecoding()})
+    dataset = dataset.map(lambda x: (x['image'], x['label'], name))
+    if pipelines > 1 and not by_file:
+      dataset = dataset.shard(pipelines, input_context.input_pipeline_id)
+    return dataset
+
+  return Source(config.dataset, features['label'].num_classes,
+                sizes['train'], sizes['eval'], read,
+                parse=lambda image, label, split: (image, label, split))
 
 
 def _held_out_split(builder):
@@ -64,77 +105,273 @@ def _held_out_split(builder):
                   '--config.train_split (e.g. "train[:90%]")')
 
 
+def _num_files(builder, split):
+  try:
+    return builder.info.splits[split].num_shards
+  except (KeyError, ValueError):  # No split metadata (e.g. tfds mock data).
+    return 1
+
+
 def _num_examples(builder, split):
+  if not builder.info.splits:
+    # No split metadata (tfds mock data, some community sets): count once.
+    return int(builder.as_dataset(split=split).reduce(0, lambda n, _: n + 1))
   try:
     return builder.info.splits[split].num_examples
   except (KeyError, ValueError) as e:
     raise UserError(f'split {split!r} does not exist in {builder.name!r} '
-                    f'(splits: {", ".join(builder.info.splits)}): {e}')
+                    f'(splits: {", ".join(builder.info.splits)}): '
+                    f'{_first_line(e)}')
 
 
-def _read(source, split, input_context, shuffle_files, seed):
-  """The examples of this input pipeline's shard, as (image, label)."""
-  pipelines = input_context.num_input_pipelines
-  num_files = source.builder.info.splits[split].num_shards
-  by_file = pipelines > 1 and num_files >= pipelines
-  read_config = tfds.ReadConfig(
-      input_context=input_context if by_file else None,
-      shuffle_seed=seed, try_autocache=False)
-  dataset = source.builder.as_dataset(
-      split=split, as_supervised=True, read_config=read_config,
-      shuffle_files=shuffle_files and (by_file or pipelines == 1))
-  if pipelines > 1 and not by_file:
-    # Fewer files than workers: every worker reads all, keeps every n-th.
-    dataset = dataset.shard(pipelines, input_context.input_pipeline_id)
-  return dataset
+# --- TFRecord files ---------------------------------------------------------
 
 
-def _decode(image, label, image_size):
-  """Any-channel image -> uint8 [size, size, 3], resized once (cached after)."""
-  image = image[..., :3]  # Drop alpha.
-  if image.shape[-1] == 1:
-    image = tf.image.grayscale_to_rgb(image)
-  image = tf.image.resize(image, (image_size, image_size), antialias=True)
+def _tfrecord_source(config):
+  if config.num_classes < 1:
+    raise UserError('dataset=tfrecord needs --config.num_classes=N (N >= 1)')
+  files = {'train': tfrecords.list_files(config.train_files),
+           'eval': tfrecords.list_files(config.eval_files)}
+  sizes = {'train': config.num_train_examples or
+                    tfrecords.count_records(files['train']),
+           'eval': config.num_eval_examples or
+                   tfrecords.count_records(files['eval'])}
+  offset = config.label_offset
+
+  def read(split, input_context, shuffle, seed):
+    names = files[split]
+    pipelines, index = (input_context.num_input_pipelines,
+                        input_context.input_pipeline_id)
+    by_file = len(names) >= pipelines
+    if by_file:
+      names = names[index::pipelines]
+    dataset = tf.data.Dataset.from_tensor_slices(names)
+    if shuffle:
+      dataset = dataset.shuffle(len(names), seed=seed)
+
+    def records_of(filename):
+      # A record with corrupt framing ends its file: TF's reader cannot
+      # resynchronise after it. Skip the rest rather than crash the run.
+      return tf.data.TFRecordDataset(filename).ignore_errors().map(
+          lambda r: (r, filename))
+
+    dataset = dataset.interleave(records_of, cycle_length=min(len(names), 16),
+                                 num_parallel_calls=AUTOTUNE,
+                                 deterministic=not shuffle)
+    if not by_file:
+      dataset = dataset.shard(pipelines, index)
+    return dataset
+
+  def parse(record, filename):
+    encoded, label = tfrecords.parse(record)
+    return encoded, label - offset, filename
+
+  return Source('tfrecord', config.num_classes, sizes['train'], sizes['eval'],
+                read, parse)
+
+
+# --- decode, count what cannot be decoded -------------------------------------
+
+
+class SkipCounter:
+  """Counts records dropped because they could not be decoded.
+
+  The count lives in a host variable that the input pipeline updates, read by
+  the training loop for logs and metrics.json. Counted once per pass over the
+  data before the cache, so a cached set is counted once.
+  """
+
+  def __init__(self):
+    with tf.device('/cpu:0'):
+      self.variable = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                  name='skipped_records')
+
+  @property
+  def count(self):
+    return int(self.variable.numpy())
+
+
+def _cache_size(config):
+  if config.augment.startswith('inception'):
+    return int(round(config.image_size / _CENTRAL_FRACTION))
+  return config.image_size
+
+
+def _decode_image(encoded, size):
+  """Encoded bytes -> uint8 [size, size, 3]: shorter side resized, centre crop.
+
+  decode_image with channels=3 turns grayscale, RGBA and CMYK into RGB.
+  """
+  image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+  shape = tf.cast(tf.shape(image)[:2], tf.float32)
+  scale = size / tf.reduce_min(shape)
+  new_shape = tf.cast(tf.math.ceil(shape * scale), tf.int32)
+  image = tf.image.resize(image, new_shape, antialias=True)
+  top = (new_shape[0] - size) // 2
+  left = (new_shape[1] - size) // 2
+  image = image[top:top + size, left:left + size]
   image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-  return image, tf.cast(label, tf.int32)
+  return tf.ensure_shape(image, (size, size, 3))
 
 
-def _augment(image, label, kind, image_size):
-  if kind in ('translate', 'translate_flip'):
-    pad = max(image_size // 8, 1)
-    image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
-    image = tf.image.random_crop(image, (image_size, image_size, 3))
-  if kind == 'translate_flip':
-    image = tf.image.random_flip_left_right(image)
-  return image, label
+def _decoded(records, parse, size, counter):
+  """Parses and decodes records, skipping (and counting) those that fail.
+
+  Records are numbered before decoding and a sentinel closes the stream;
+  after ignore_errors() the gaps in the numbering are the skipped records.
+  """
+  sentinel = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
+                                   records.element_spec)
+  flagged = records.map(lambda *record: (record, True)).concatenate(
+      tf.data.Dataset.from_tensors((sentinel, False))).enumerate()
+
+  def decode(index, flagged_record):
+    record, is_record = flagged_record
+
+    def real():
+      encoded, label, origin = parse(*record)
+      return _decode_image(encoded, size), tf.cast(label, tf.int64), origin
+
+    def end():
+      return tf.zeros((size, size, 3), tf.uint8), tf.constant(-1, tf.int64), ''
+
+    return (index, is_record) + tuple(tf.cond(is_record, real, end))
+
+  dataset = flagged.map(decode, num_parallel_calls=AUTOTUNE,
+                        deterministic=True).ignore_errors()
+
+  def count_gap(last, element):
+    index, is_record, image, label, origin = element
+    counter.variable.assign_add(index - last - 1)
+    return index, (is_record, image, label, origin)
+
+  dataset = dataset.scan(tf.constant(-1, tf.int64), count_gap)
+  return dataset.filter(lambda is_record, *_: is_record).map(
+      lambda is_record, image, label, origin: (image, label, origin))
 
 
-def _cache(dataset, cache):
-  if cache == 'memory':
+def _checked_label(image, label, origin, num_classes):
+  in_range = (label >= 0) & (label < num_classes)
+  check = tf.debugging.Assert(in_range, [_LABEL_ERROR, label, origin],
+                              summarize=1)
+  with tf.control_dependencies([check]):
+    return image, tf.cast(label, tf.int32)
+
+
+def label_error(error, num_classes, label_offset):
+  """The one-line message for an out-of-range label, or None for others."""
+  message = getattr(error, 'message', str(error))
+  if _LABEL_ERROR not in message:
+    return None
+  found = re.search(_LABEL_ERROR + r'\] \[([^\]]*)\] \[([^\]]*)\]', message)
+  label, origin = found.groups() if found else ('?', '?')
+  return (f'label {label} (after label_offset={label_offset}) in '
+          f'{origin} is outside [0, {num_classes}); check '
+          '--config.num_classes and --config.label_offset')
+
+
+# --- augmentation -------------------------------------------------------------
+
+
+def _random_resized_crop(image, size):
+  """ImageNet-style crop: 8%-100% of the area, aspect 3/4-4/3, then resize."""
+  begin, crop_size, _ = tf.image.sample_distorted_bounding_box(
+      tf.shape(image), bounding_boxes=tf.zeros((1, 0, 4)),
+      min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
+      area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  image = tf.slice(image, begin, crop_size)
+  image = tf.image.resize(image, (size, size), antialias=True)
+  image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+  return tf.ensure_shape(image, (size, size, 3))
+
+
+def _augmenter(kind, size):
+  """The random training transform for `kind`, uint8 in and out."""
+  randaugment = keras.layers.RandAugment(value_range=(0, 255), num_ops=2,
+                                         factor=0.5)
+
+  def augment(image, label):
+    if kind.startswith('translate'):
+      pad = max(size // 8, 1)
+      image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
+      image = tf.image.random_crop(image, (size, size, 3))
+    if kind.startswith('inception'):
+      image = _random_resized_crop(image, size)
+    if kind in ('translate_flip', 'inception', 'inception_randaugment'):
+      image = tf.image.random_flip_left_right(image)
+    if kind == 'inception_randaugment':
+      image = tf.cast(tf.clip_by_value(tf.round(randaugment(image)), 0, 255),
+                      tf.uint8)
+    return image, label
+
+  return augment
+
+
+def _central_crop(image, label, size):
+  offset = (image.shape[0] - size) // 2
+  return image[offset:offset + size, offset:offset + size], label
+
+
+# --- caching -------------------------------------------------------------------
+
+
+def _available_memory_bytes():
+  """MemAvailable (free plus reclaimable page cache), else free pages."""
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+
+
+def check_cache_fits(config, source, available_bytes=None):
+  """Refuses a memory cache that would not fit in the free RAM (half of it)."""
+  if config.cache != 'memory':
+    return
+  size = _cache_size(config)
+  needed = (source.num_train_examples + source.num_eval_examples) * size**2 * 3
+  available = available_bytes or _available_memory_bytes()
+  if needed > available // 2:
+    raise UserError(
+        f'cache=memory needs about {needed / 2**30:.1f} GiB for '
+        f'{source.num_train_examples + source.num_eval_examples} images at '
+        f'{size} px, more than half the {available / 2**30:.1f} GiB free; use '
+        "--config.cache=/local/path/prefix (a file cache) or --config.cache=''")
+
+
+def _cache(dataset, config, split, input_context):
+  if config.cache == 'memory':
     return dataset.cache()
-  if cache:
-    return dataset.cache(cache)
+  if config.cache:
+    # One file cache per split and input pipeline; each holds its own shard.
+    return dataset.cache(f'{config.cache}-{split}-'
+                         f'{input_context.input_pipeline_id}')
   return dataset
 
 
-def train_input_fn(config, source, global_batch_size):
+# --- input functions ------------------------------------------------------------
+
+
+def train_input_fn(config, source, global_batch_size, counter):
   """An input function for strategy.distribute_datasets_from_function."""
-  if config.augment not in AUGMENTATIONS:
-    raise UserError(f'unknown augment {config.augment!r}; accepted: '
-                    f'{", ".join(AUGMENTATIONS)}')
+  validate(config)
   seed = config.seed if config.deterministic_input else None
+  size = _cache_size(config)
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = _read(source, source.train_split, input_context, True, seed)
-    dataset = dataset.map(lambda x, y: _decode(x, y, config.image_size),
-                          num_parallel_calls=AUTOTUNE)
-    dataset = _cache(dataset, config.cache)
+    dataset = source.read('train', input_context, True, seed)
+    dataset = _decoded(dataset, source.parse, size, counter).map(
+        lambda x, y, o: _checked_label(x, y, o, source.num_classes))
+    dataset = _cache(dataset, config, 'train', input_context)
     buffer = min(config.shuffle_buffer, source.num_train_examples)
     dataset = dataset.shuffle(buffer, seed=seed).repeat()
-    dataset = dataset.map(
-        lambda x, y: _augment(x, y, config.augment, config.image_size),
-        num_parallel_calls=AUTOTUNE)
+    dataset = dataset.map(_augmenter(config.augment, config.image_size),
+                          num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     options = tf.data.Options()
     options.deterministic = config.deterministic_input
@@ -148,26 +385,40 @@ def eval_steps(source, global_batch_size):
   return -(-source.num_eval_examples // global_batch_size)
 
 
-def eval_input_fn(config, source, global_batch_size):
+def eval_input_fn(config, source, global_batch_size, counter):
   """Held-out examples as (image, label, weight), padded to full batches.
 
-  Padding examples carry weight 0, so every example counts exactly once while
-  every batch keeps the static shape TPUs need.
+  Each pipeline pads its shard with weight-0 examples to the same number of
+  full batches, so every example counts exactly once while every batch keeps
+  the static shape TPUs need.
   """
-  padded_total = eval_steps(source, global_batch_size) * global_batch_size
+  validate(config)
+  size = config.image_size
+  steps = eval_steps(source, global_batch_size)
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = source.builder.as_dataset(split=source.eval_split,
-                                        as_supervised=True)
-    dataset = dataset.map(lambda x, y: _decode(x, y, config.image_size) + (1.0,),
-                          num_parallel_calls=AUTOTUNE)
+    per_pipeline = steps * global_batch_size // input_context.num_input_pipelines
+    dataset = source.read('eval', input_context, False, None)
+    dataset = _decoded(dataset, source.parse, _cache_size(config),
+                       counter).map(
+        lambda x, y, o: _checked_label(x, y, o, source.num_classes))
+    dataset = dataset.map(lambda x, y: _central_crop(x, y, size) + (1.0,))
     padding = tf.data.Dataset.from_tensors(
-        (tf.zeros((config.image_size,) * 2 + (3,), tf.uint8), 0, 0.0)).repeat(
-            padded_total - source.num_eval_examples)
-    dataset = dataset.concatenate(padding).shard(
-        input_context.num_input_pipelines, input_context.input_pipeline_id)
-    dataset = dataset.cache().batch(batch_size, drop_remainder=True)
-    return dataset.prefetch(AUTOTUNE)
+        (tf.zeros((size, size, 3), tf.uint8), 0, 0.0)).repeat()
+    dataset = dataset.concatenate(padding).take(per_pipeline)
+    dataset = _cache(dataset, config, 'eval', input_context)
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
 
   return input_fn
+
+
+def validate(config):
+  if config.augment not in AUGMENTATIONS:
+    raise UserError(f'unknown augment {config.augment!r}; accepted: '
+                    f'{", ".join(AUGMENTATIONS)}')
+
+
+def _first_line(error):
+  text = getattr(error, 'message', None) or str(error)
+  return (text.strip().splitlines() or [type(error).__name__])[0]

@@ -58,3 +58,35 @@ def parse(record):
   """A serialized Example -> (encoded image bytes, int64 label)."""
   example = tf.io.parse_single_example(record, FEATURES)
   return example[IMAGE_KEY], example[LABEL_KEY]
+
+
+def export_tfds(dataset, data_dir, split, output_prefix, num_files,
+                image_size=0, image_format='jpeg', label_offset=0):
+  """Writes a tfds split as `num_files` TFRecord files; returns the count.
+
+  Images are re-encoded as JPEG or PNG, optionally resized (to exercise
+  decoding at a realistic resolution), and labels shifted by `label_offset`.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from pipeline import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import
+  builder = tfds.builder(dataset, data_dir=data_dir or None)
+  builder.download_and_prepare()
+  encode = {'jpeg': lambda x: tf.io.encode_jpeg(x, quality=90),
+            'png': tf.io.encode_png}[image_format]
+
+  def prepare(image, label):
+    if image_size:
+      image = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(
+          image, (image_size, image_size))), 0, 255), tf.uint8)
+    return encode(image), label + label_offset
+
+  examples = builder.as_dataset(split=split, as_supervised=True).map(
+      prepare, num_parallel_calls=tf.data.AUTOTUNE)
+  writers = [tf.io.TFRecordWriter(
+      f'{output_prefix}-{i:05d}-of-{num_files:05d}') for i in range(num_files)]
+  count = 0
+  for count, (encoded, label) in enumerate(examples.as_numpy_iterator(), 1):
+    writers[count % num_files].write(serialize(encoded, int(label)))
+  for writer in writers:
+    writer.close()
+  return count

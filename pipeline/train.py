@@ -122,12 +122,6 @@ def _log_plan(summary):
   logging.info('Workdir: %s', summary['workdir'])
 
 
-def _loss_scale(optimizer):
-  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-    return float(optimizer.dynamic_scale.numpy())
-  return None
-
-
 def _writers(workdir, is_chief):
   if not is_chief:
     return tf.summary.create_noop_writer(), tf.summary.create_noop_writer()
@@ -149,6 +143,87 @@ def _export(model, workdir, is_chief):
   return target
 
 
+@dataclasses.dataclass
+class Trainer:
+  """Model, optimizer and compiled steps, built inside the strategy scope."""
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  step: tf.Variable  # Every step taken; optimizer.iterations: those applied.
+  train_fn: object
+  eval_fn: object
+
+  @property
+  def skipped_steps(self):
+    return int(self.step.numpy()) - int(self.optimizer.iterations.numpy())
+
+  @property
+  def loss_scale(self):
+    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      return float(self.optimizer.dynamic_scale.numpy())
+    return None
+
+
+def build_trainer(config, plan, num_classes, total_steps, steps_per_epoch):
+  """Sets the policy and seed, then builds everything in the strategy scope."""
+  strategy = plan.hardware.strategy
+  keras.mixed_precision.set_global_policy(plan.policy)
+  keras.utils.set_random_seed(config.seed)
+  with strategy.scope():
+    model = models.build_model(config.model, num_classes, config.image_size,
+                               config.dropout_rate, config.batch_norm_momentum)
+    optimizer = precision.wrap_optimizer(
+        steps_lib.make_optimizer(config, config.global_batch_size, total_steps,
+                                 steps_per_epoch), plan.policy)
+    # Built now, so a checkpoint restores into existing slots.
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  train_fn = steps_lib.make_train_function(
+      model, optimizer, strategy, config.global_batch_size, num_classes,
+      config.label_smoothing, step,
+      jit_compile=plan.xla and plan.hardware.device_kind != 'TPU')
+  eval_fn = steps_lib.make_eval_function(model, strategy, num_classes)
+  return Trainer(model, optimizer, step, train_fn, eval_fn)
+
+
+class Meter:
+  """Throughput and input wait, over a window and over the whole run.
+
+  The first execution traces and compiles; it is timed apart and never
+  counted in throughput.
+  """
+
+  def __init__(self, global_batch_size):
+    self.global_batch_size = global_batch_size
+    self.compile_s = None
+    self.total = [0, 0.0, 0.0]  # steps, seconds, input wait seconds
+    self.window = [0, 0.0, 0.0]
+
+  def add(self, steps, seconds, wait_s):
+    if self.compile_s is None:
+      self.compile_s = seconds
+      return
+    for totals in (self.total, self.window):
+      totals[0] += steps
+      totals[1] += seconds
+      totals[2] += wait_s
+
+  @staticmethod
+  def _rates(steps, seconds, wait_s, batch):
+    if not seconds:
+      return None, None
+    return steps * batch / seconds, wait_s / seconds
+
+  def take_window(self):
+    """(images/s, input wait fraction) since the last call."""
+    rates = self._rates(*self.window, self.global_batch_size)
+    self.window = [0, 0.0, 0.0]
+    return rates
+
+  def overall(self):
+    return self._rates(*self.total, self.global_batch_size)
+
+
 def train_and_evaluate(config, plan):
   """Runs training to `config.epochs`, resuming if the workdir has a checkpoint."""
   hardware, workdir = plan.hardware, plan.workdir
@@ -158,6 +233,7 @@ def train_and_evaluate(config, plan):
     storage.check_writable(workdir)
     _check_same_run(workdir, config)
   source = data.load_source(config)
+  data.check_cache_fits(config, source)
 
   global_batch = config.global_batch_size
   steps_per_epoch = source.num_train_examples // global_batch
@@ -167,7 +243,7 @@ def train_and_evaluate(config, plan):
   total_steps = config.epochs * steps_per_epoch
 
   summary = plan.summary(config)
-  summary.update(dataset=config.dataset, train_examples=source.num_train_examples,
+  summary.update(dataset=source.name, train_examples=source.num_train_examples,
                  eval_examples=source.num_eval_examples,
                  num_classes=source.num_classes, total_steps=total_steps)
   _log_plan(summary)
@@ -175,39 +251,26 @@ def train_and_evaluate(config, plan):
     storage.write_json(os.path.join(workdir, 'run.json'),
                        {'resolved': summary, 'config': config.to_dict()})
 
-  keras.mixed_precision.set_global_policy(plan.policy)
-  keras.utils.set_random_seed(config.seed)
-  with strategy.scope():
-    model = models.build_model(config.model, source.num_classes,
-                               config.image_size, config.dropout_rate,
-                               config.batch_norm_momentum)
-    optimizer = precision.wrap_optimizer(
-        steps_lib.make_optimizer(config, global_batch, total_steps,
-                                 steps_per_epoch), plan.policy)
-    optimizer.build(model.trainable_variables)
-    step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  trainer = build_trainer(config, plan, source.num_classes, total_steps,
+                          steps_per_epoch)
   checkpointer = Checkpointer(workdir, config.keep_checkpoints,
-                              hardware.is_chief, model=model,
-                              optimizer=optimizer, step=step)
+                              hardware.is_chief, model=trainer.model,
+                              optimizer=trainer.optimizer, step=trainer.step)
   checkpointer.restore_latest()
-  initial_step = int(step.numpy())
+  initial_step = int(trainer.step.numpy())
 
-  train_fn = steps_lib.make_train_function(
-      model, optimizer, strategy, global_batch, source.num_classes,
-      config.label_smoothing, step,
-      jit_compile=plan.xla and hardware.device_kind != 'TPU')
-  eval_fn = steps_lib.make_eval_function(model, strategy, source.num_classes)
+  skips = data.SkipCounter()
   train_data = strategy.distribute_datasets_from_function(
-      data.train_input_fn(config, source, global_batch))
+      data.train_input_fn(config, source, global_batch, skips))
   eval_data = strategy.distribute_datasets_from_function(
-      data.eval_input_fn(config, source, global_batch))
+      data.eval_input_fn(config, source, global_batch, skips))
   num_eval_steps = data.eval_steps(source, global_batch)
   train_writer, eval_writer = _writers(workdir, hardware.is_chief)
 
   def evaluate(at_step):
     result = {k: float(v) for k, v in
-              eval_fn(iter(eval_data), tf.constant(num_eval_steps)).items()}
+              _run(trainer.eval_fn, iter(eval_data), num_eval_steps,
+                   config, source.num_classes).items()}
     logging.info('Eval at step %d: accuracy %.4f, loss %.4f over %d examples',
                  at_step, result['accuracy'], result['loss'],
                  result['examples'])
@@ -219,65 +282,66 @@ def train_and_evaluate(config, plan):
   if initial_step:
     logging.info('Resuming at step %d of %d', initial_step, total_steps)
   iterator = iter(train_data)
-  timed_s = wait_s = 0.0  # Over executions after the first (compiling) one.
-  timed_steps = 0
-  window_start, window_steps = time.perf_counter(), 0
+  meter = Meter(global_batch)
+  warned_input_bound = False
   current = initial_step
-  first = True
   while current < total_steps:
     num_steps = min(config.steps_per_execution, total_steps - current)
     start = time.perf_counter()
-    out = {k: float(v) for k, v in train_fn(iterator, tf.constant(num_steps)).items()}
-    elapsed = time.perf_counter() - start
+    out = {k: float(v) for k, v in
+           _run(trainer.train_fn, iterator, num_steps, config,
+                source.num_classes).items()}
+    meter.add(num_steps, time.perf_counter() - start, out['input_wait_s'])
     previous, current = current, current + num_steps
-    if first:
+    if previous == initial_step:
       logging.info('First execution (tracing and compiling included): %.1f s',
-                   elapsed)
-      window_start, first = time.perf_counter(), False
-    else:
-      timed_s += elapsed
-      wait_s += out['input_wait_s']
-      timed_steps += num_steps
-      window_steps += num_steps
-    if not np.isfinite(out['loss']) and not precision.needs_loss_scaling(
-        plan.policy):
+                   meter.compile_s)
+    if not np.isfinite(out['loss']) and trainer.loss_scale is None:
       raise FloatingPointError(f'training loss is {out["loss"]} at step '
                                f'{current}')
 
-    if current // config.log_every_steps > previous // config.log_every_steps \
-        or current == total_steps:
-      window_s = time.perf_counter() - window_start
-      rate = window_steps * global_batch / window_s if window_steps else 0.0
-      skipped = current - int(optimizer.iterations.numpy())
-      loss_scale = _loss_scale(optimizer)
-      lr = float(optimizer.learning_rate)
+    if _crossed(previous, current, config.log_every_steps) or \
+        current == total_steps:
+      rate, wait = meter.take_window()
+      lr = float(trainer.optimizer.learning_rate)
+      loss_scale = trainer.loss_scale
       logging.info(
           'step %d/%d (epoch %.1f): loss %.4f, accuracy %.3f, lr %.2e, '
-          '%.0f img/s, input wait %.0f%%%s', current, total_steps,
-          current / steps_per_epoch, out['loss'], out['accuracy'], lr, rate,
-          100 * wait_s / timed_s if timed_s else 0.0,
-          f', loss scale {loss_scale:g}, skipped {skipped}'
-          if loss_scale is not None else '')
+          '%s img/s, input wait %s%s%s', current, total_steps,
+          current / steps_per_epoch, out['loss'], out['accuracy'], lr,
+          f'{rate:.0f}' if rate else '-',
+          f'{wait:.0%}' if wait is not None else '-',
+          f', loss scale {loss_scale:g}, skipped steps '
+          f'{trainer.skipped_steps}' if loss_scale is not None else '',
+          f', skipped records {skips.count}' if skips.count else '')
+      if wait is not None and wait > 0.10 and not warned_input_bound:
+        logging.warning(
+            'Input-bound: training waited for data %.0f%% of the time; '
+            'see BUILD_NOTES.md "Input pipeline" for what helps.', 100 * wait)
+        warned_input_bound = True
       with train_writer.as_default(step=current):
         tf.summary.scalar('loss', out['loss'])
         tf.summary.scalar('accuracy', out['accuracy'])
         tf.summary.scalar('learning_rate', lr)
-        tf.summary.scalar('images_per_sec', rate)
+        if rate:
+          tf.summary.scalar('images_per_sec', rate)
+          tf.summary.scalar('input_wait_fraction', wait)
+        tf.summary.scalar('skipped_records', skips.count)
         if loss_scale is not None:
           tf.summary.scalar('loss_scale', loss_scale)
-          tf.summary.scalar('skipped_steps', skipped)
-      window_start, window_steps = time.perf_counter(), 0
+          tf.summary.scalar('skipped_steps', trainer.skipped_steps)
 
-    if (current // config.checkpoint_every_steps >
-        previous // config.checkpoint_every_steps or current == total_steps):
+    if _crossed(previous, current, config.checkpoint_every_steps) or \
+        current == total_steps:
       checkpointer.save(current)
-    if (config.eval_every_epochs and current < total_steps and
-        current // (steps_per_epoch * config.eval_every_epochs) >
-        previous // (steps_per_epoch * config.eval_every_epochs)):
+    eval_interval = steps_per_epoch * config.eval_every_epochs
+    if eval_interval and current < total_steps and \
+        _crossed(previous, current, eval_interval):
       evaluate(current)
 
   final = evaluate(total_steps)
-  export_dir = _export(model, workdir, hardware.is_chief)
+  export_dir = _export(trainer.model, workdir, hardware.is_chief)
+  images_per_sec, wait_fraction = meter.overall()
   metrics = {
       'policy': plan.policy,
       'strategy': hardware.strategy_name,
@@ -286,18 +350,19 @@ def train_and_evaluate(config, plan):
       'device_kind': hardware.device_kind,
       'xla': plan.xla,
       'model': config.model,
-      'dataset': config.dataset,
+      'dataset': source.name,
       'image_size': config.image_size,
       'global_batch_size': global_batch,
       'steps_per_execution': config.steps_per_execution,
       'initial_step': initial_step,
       'train_steps': total_steps - initial_step,
       'total_steps': total_steps,
-      'train_images_per_sec': (timed_steps * global_batch / timed_s
-                               if timed_s else None),
-      'input_wait_fraction': wait_s / timed_s if timed_s else None,
-      'skipped_steps': total_steps - int(optimizer.iterations.numpy()),
-      'final_loss_scale': _loss_scale(optimizer),
+      'compile_s': meter.compile_s,
+      'train_images_per_sec': images_per_sec,
+      'input_wait_fraction': wait_fraction,
+      'skipped_records': skips.count,
+      'skipped_steps': trainer.skipped_steps,
+      'final_loss_scale': trainer.loss_scale,
       'eval_accuracy': final['accuracy'],
       'eval_loss': final['loss'],
       'eval_examples': int(final['examples']),
@@ -305,9 +370,25 @@ def train_and_evaluate(config, plan):
   }
   if hardware.is_chief:
     storage.write_json(os.path.join(workdir, 'metrics.json'), metrics)
-  logging.info('Done: eval_accuracy %.4f, %s img/s; metrics in %s',
-               final['accuracy'],
-               f'{metrics["train_images_per_sec"]:.0f}'
-               if metrics['train_images_per_sec'] else 'n/a',
+  logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s; metrics in '
+               '%s', final['accuracy'],
+               f'{images_per_sec:.0f}' if images_per_sec else '-',
+               f'{wait_fraction:.0%}' if wait_fraction is not None else '-',
                os.path.join(workdir, 'metrics.json'))
   return metrics
+
+
+def _crossed(previous, current, interval):
+  """True if a multiple of `interval` lies in (previous, current]."""
+  return current // interval > previous // interval
+
+
+def _run(function, iterator, num_steps, config, num_classes):
+  """Calls a compiled multi-step function; bad labels become a UserError."""
+  try:
+    return function(iterator, tf.constant(num_steps))
+  except tf.errors.InvalidArgumentError as e:
+    message = data.label_error(e, num_classes, config.label_offset)
+    if message:
+      raise UserError(message) from None
+    raise

@@ -1,88 +1,292 @@
-"""The tfds input path on the bundled digits: splits, shapes, shards, padding."""
+"""The input pipeline on real files: tfds digits, tfds mock data, TFRecords.
 
-import ml_collections
+The TFRecord files are written here, in the Cloud TPU reference layout, with
+real JPEG and PNG bytes, grayscale, RGBA and CMYK images, and broken records.
+"""
+
+import io
+import re
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
+from PIL import Image
 
 from configs import default
 from pipeline import data
+from pipeline import tfrecords
 from pipeline.errors import UserError
 
 
-def _config(tfds_dir, **overrides):
+def _config(**overrides):
   config = default.get_config()
-  config.data_dir = tfds_dir
   config.update(overrides)
   return config
 
 
+def _context(pipelines=1, index=0, replicas=None):
+  return tf.distribute.InputContext(pipelines, index, replicas or pipelines)
+
+
+def _encode(array, fmt, mode=None):
+  buffer = io.BytesIO()
+  Image.fromarray(array, mode=mode).save(buffer, format=fmt)
+  return buffer.getvalue()
+
+
+def _image(label, size=40, channels=3):
+  """An image whose mean brightness encodes its label (survives JPEG)."""
+  rng = np.random.RandomState(label)
+  base = np.full((size, size + 8, channels), 20 * label + 30, np.uint8)
+  return np.clip(base + rng.randint(0, 5, base.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope='module')
+def tfrecord_dir(tmp_path_factory):
+  """3 train files (24 good records, 2 bad) and 1 eval file, labels from 1."""
+  root = tmp_path_factory.mktemp('tfrecords')
+  good = 0
+  for shard in range(3):
+    records = []
+    for i in range(8):
+      label = (shard * 8 + i) % 10
+      kind = i % 4
+      if kind == 0:
+        encoded = _encode(_image(label), 'JPEG')
+      elif kind == 1:
+        encoded = _encode(_image(label), 'PNG')
+      elif kind == 2:  # Grayscale JPEG.
+        encoded = _encode(_image(label, channels=1)[..., 0], 'JPEG')
+      else:  # RGBA PNG.
+        encoded = _encode(_image(label, channels=4), 'PNG')
+      records.append(tfrecords.serialize(encoded, label + 1))
+      good += 1
+    if shard == 0:
+      records.insert(3, tfrecords.serialize(b'not an image at all', 4))
+    if shard == 1:
+      truncated = _encode(_image(5, size=64), 'JPEG')[:200]
+      records.insert(5, tfrecords.serialize(truncated, 6))
+    tfrecords.write(str(root / f'train-{shard:05d}-of-00003'), records)
+  cmyk = _encode(np.stack([_image(3)[..., 0]] * 4, -1), 'JPEG', mode='CMYK')
+  eval_records = [tfrecords.serialize(_encode(_image(l), 'JPEG'), l + 1)
+                  for l in range(10)] + [tfrecords.serialize(cmyk, 4)]
+  tfrecords.write(str(root / 'eval-00000-of-00001'), eval_records)
+  return root, good
+
+
+def _tfrecord_config(root, **overrides):
+  fields = dict(dataset='tfrecord', train_files=str(root / 'train-*'),
+                eval_files=str(root / 'eval-*'), num_classes=10,
+                label_offset=1, augment='none', cache='memory')
+  return _config(**{**fields, **overrides})
+
+
+def _all_train_examples(config, source, pipelines=1, index=0):
+  counter = data.SkipCounter()
+  records = source.read('train', _context(pipelines, index), False, None)
+  decoded = data._decoded(records, source.parse, config.image_size, counter)  # pylint: disable=protected-access
+  return [(x.numpy(), int(y)) for x, y, _ in decoded], counter.count
+
+
+# --- tensorflow-datasets ------------------------------------------------------
+
+
 def test_digits_source_has_fixed_splits(tfds_dir):
-  source = data.load_source(_config(tfds_dir))
+  source = data.load_source(_config(data_dir=tfds_dir))
   assert source.num_classes == 10
-  assert source.eval_split == 'test'  # No validation split: test is held out.
-  assert source.num_train_examples + source.num_eval_examples == 1797
+  assert (source.num_train_examples, source.num_eval_examples) == (1438, 359)
+
+
+def test_split_specs_select_slices(tfds_dir):
+  source = data.load_source(_config(data_dir=tfds_dir,
+                                    train_split='train[:90%]',
+                                    eval_split='train[90%:]'))
+  assert source.num_train_examples + source.num_eval_examples == 1438
+
+
+def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
+  config = _config(dataset='cifar10', data_dir=str(tmp_path), eval_split='test',
+                   image_size=32, augment='translate_flip')
+  with tfds.testing.mock_data(num_examples=24):
+    source = data.load_source(config)
+    assert (source.num_classes, source.num_train_examples) == (10, 24)
+    counter = data.SkipCounter()
+    batch = next(iter(data.train_input_fn(config, source, 8, counter)(
+        _context())))
+  images, labels = batch
+  assert images.dtype == tf.uint8 and images.shape == (8, 32, 32, 3)
+  assert labels.dtype == tf.int32
+  assert counter.count == 0
 
 
 def test_train_batches_are_uint8_per_replica(tfds_dir):
-  config = _config(tfds_dir)
+  config = _config(data_dir=tfds_dir)
   source = data.load_source(config)
-  context = tf.distribute.InputContext(num_input_pipelines=1,
-                                       input_pipeline_id=0,
-                                       num_replicas_in_sync=2)
-  images, labels = next(iter(data.train_input_fn(config, source, 64)(context)))
+  fn = data.train_input_fn(config, source, 64, data.SkipCounter())
+  images, labels = next(iter(fn(_context(1, 0, replicas=2))))
   assert images.dtype == tf.uint8 and images.shape == (32, 32, 32, 3)
   assert labels.dtype == tf.int32 and labels.shape == (32,)
   assert int(tf.reduce_max(images)) > 128  # Pixels use uint8's range.
 
 
-def _eval_examples(config, source, pipelines, global_batch):
-  fn = data.eval_input_fn(config, source, global_batch)
-  seen = []
-  for index in range(pipelines):
-    context = tf.distribute.InputContext(pipelines, index, pipelines)
-    for images, labels, weights in fn(context):
-      seen.extend(zip(images.numpy().reshape(len(labels), -1).sum(1),
-                      labels.numpy(), weights.numpy()))
-  return seen
-
-
 @pytest.mark.parametrize('pipelines', [1, 2])
 def test_eval_covers_every_example_once(tfds_dir, pipelines):
-  config = _config(tfds_dir)
+  config = _config(data_dir=tfds_dir)
   source = data.load_source(config)
-  seen = _eval_examples(config, source, pipelines, global_batch=64)
+  fn = data.eval_input_fn(config, source, 64, data.SkipCounter())
+  seen = []
+  for index in range(pipelines):
+    for images, labels, weights in fn(_context(pipelines, index)):
+      seen.extend(zip(images.numpy().reshape(len(labels), -1).sum(1).tolist(),
+                      labels.numpy().tolist(), weights.numpy().tolist()))
   assert len(seen) == data.eval_steps(source, 64) * 64
-  real = [(s, l) for s, l, w in seen if w == 1.0]
-  assert len(real) == source.num_eval_examples
-  expected = [(int(tf.reduce_sum(tf.cast(x, tf.int64))), int(y))
-              for x, y in _decoded_eval(config, source)]
-  assert sorted((int(s), int(l)) for s, l in real) == sorted(expected)
+  real = sorted((s, l) for s, l, w in seen if w == 1.0)
+  assert len(real) == source.num_eval_examples == 359
+  assert len(set(real)) > 350  # Distinct images, not one repeated.
 
 
-def _decoded_eval(config, source):
-  dataset = source.builder.as_dataset(split=source.eval_split,
-                                      as_supervised=True)
-  return dataset.map(lambda x, y: data._decode(x, y, config.image_size))  # pylint: disable=protected-access
-
-
-def test_two_workers_read_disjoint_shards(tfds_dir):
-  config = _config(tfds_dir, augment='none', train_split='train[:200]')
+def test_two_workers_read_disjoint_shards_covering_all(tfds_dir):
+  """One tfds file, two workers: sharded by example, each example once."""
+  config = _config(data_dir=tfds_dir, train_split='train[:200]')
   source = data.load_source(config)
-  shards = []
-  for index in range(2):
-    context = tf.distribute.InputContext(2, index, 2)
-    dataset = data._read(source, source.train_split, context, False, None)  # pylint: disable=protected-access
-    shards.append({img.numpy().tobytes() for img, _ in dataset})
-  assert shards[0].isdisjoint(shards[1])
+  shards = [_all_train_examples(config, source, 2, i)[0] for i in range(2)]
+  keys = [{x.tobytes() for x, _ in shard} for shard in shards]
+  assert keys[0].isdisjoint(keys[1])
   assert len(shards[0]) + len(shards[1]) == 200
+  assert len(keys[0] | keys[1]) == 200
 
 
 def test_unknown_dataset_is_a_user_error(tfds_dir):
   with pytest.raises(UserError, match=r"unknown dataset 'no_such_set'"):
-    data.load_source(_config(tfds_dir, dataset='no_such_set'))
+    data.load_source(_config(data_dir=tfds_dir, dataset='no_such_set'))
 
 
 def test_missing_split_is_a_user_error(tfds_dir):
   with pytest.raises(UserError, match=r"split 'validation'"):
-    data.load_source(_config(tfds_dir, eval_split='validation'))
+    data.load_source(_config(data_dir=tfds_dir, eval_split='validation'))
+
+
+# --- TFRecord files -------------------------------------------------------------
+
+
+def test_tfrecords_decode_skip_and_count_bad_records(tfrecord_dir):
+  root, good = tfrecord_dir
+  config = _tfrecord_config(root)
+  source = data.load_source(config)
+  assert source.num_train_examples == good + 2  # Records, before decoding.
+  examples, skipped = _all_train_examples(config, source)
+  assert skipped == 2  # The garbage bytes and the truncated JPEG.
+  assert len(examples) == good
+  for image, label in examples:
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8
+    assert 0 <= label < 10  # label_offset=1 applied.
+    # Brightness encodes the label, so image and label stayed together.
+    assert abs(image.mean() - (20 * label + 32)) < 6, (image.mean(), label)
+
+
+def test_grayscale_rgba_and_cmyk_become_rgb(tfrecord_dir):
+  root, _ = tfrecord_dir
+  config = _tfrecord_config(root)
+  source = data.load_source(config)
+  records = source.read('eval', _context(), False, None)
+  decoded = list(data._decoded(records, source.parse, 32, data.SkipCounter()))  # pylint: disable=protected-access
+  assert len(decoded) == 11  # The CMYK JPEG decodes too.
+  for image, _, _ in decoded:
+    assert image.shape == (32, 32, 3)
+
+
+def test_two_workers_split_tfrecord_files(tfrecord_dir):
+  root, good = tfrecord_dir
+  config = _tfrecord_config(root)
+  source = data.load_source(config)
+  shards = [_all_train_examples(config, source, 2, i) for i in range(2)]
+  assert sum(len(s[0]) for s in shards) == good
+  assert sum(s[1] for s in shards) == 2
+  keys = [{x.tobytes() for x, _ in s[0]} for s in shards]
+  assert keys[0].isdisjoint(keys[1])
+
+
+def test_more_workers_than_files_shard_by_example(tfrecord_dir):
+  root, _ = tfrecord_dir
+  config = _tfrecord_config(root)
+  source = data.load_source(config)
+  seen = []
+  for index in range(3):  # 3 workers, 1 eval file.
+    records = source.read('eval', _context(3, index), False, None)
+    seen.append([int(y) for _, y, _ in data._decoded(  # pylint: disable=protected-access
+        records, source.parse, 32, data.SkipCounter())])
+  assert sorted(sum(seen, [])) == sorted(list(range(10)) + [3])
+  assert all(seen)
+
+
+def test_label_out_of_range_names_the_file(tfrecord_dir):
+  root, _ = tfrecord_dir
+  config = _tfrecord_config(root, label_offset=0, num_classes=10)
+  source = data.load_source(config)
+  fn = data.train_input_fn(config, source, 8, data.SkipCounter())
+  with pytest.raises(tf.errors.InvalidArgumentError) as error:
+    for _ in fn(_context()).take(10):
+      pass
+  message = data.label_error(error.value, 10, 0)
+  assert message.startswith('label 10 (after label_offset=0) in ')
+  assert 'train-0000' in message and 'outside [0, 10)' in message
+
+
+def test_pattern_that_matches_nothing(tmp_path):
+  pattern = str(tmp_path / 'nothing-*.tfrecord')
+  with pytest.raises(UserError, match=re.escape(f"no file matches '{pattern}'")):
+    data.load_source(_config(dataset='tfrecord', train_files=pattern,
+                             eval_files=pattern, num_classes=3))
+
+
+def test_tfrecord_needs_num_classes(tfrecord_dir):
+  root, _ = tfrecord_dir
+  with pytest.raises(UserError, match='num_classes'):
+    data.load_source(_tfrecord_config(root, num_classes=0))
+
+
+# --- caching and augmentation ------------------------------------------------------
+
+
+def test_augmentation_changes_between_epochs_with_cache(tfrecord_dir):
+  root, good = tfrecord_dir
+  config = _tfrecord_config(root, augment='inception', cache='memory',
+                            shuffle_buffer=1, deterministic_input=True)
+  source = data.load_source(config)
+  fn = data.train_input_fn(config, source, good, data.SkipCounter())
+  epochs = iter(fn(_context()))
+  first, second = next(epochs)[0].numpy(), next(epochs)[0].numpy()
+  assert first.shape == (good, 32, 32, 3)
+  assert not np.array_equal(first, second)
+
+
+def test_file_cache_is_written_and_reused(tfrecord_dir, tmp_path):
+  root, good = tfrecord_dir
+  prefix = str(tmp_path / 'cache')
+  config = _tfrecord_config(root, cache=prefix)
+  source = data.load_source(config)
+  counter = data.SkipCounter()
+  dataset = data.train_input_fn(config, source, 8, counter)(_context())
+  for _ in dataset.take(8):  # More than one pass: the cache completes.
+    pass
+  assert tf.io.gfile.glob(prefix + '-train-0*')
+  assert counter.count == 2  # Decoded once, so counted once.
+
+
+def test_memory_cache_that_cannot_fit_is_refused(tfds_dir):
+  config = _config(data_dir=tfds_dir, image_size=224)
+  source = data.load_source(config)
+  with pytest.raises(UserError, match=r'cache=memory needs about .* GiB'):
+    data.check_cache_fits(config, source, available_bytes=100 * 2**20)
+  data.check_cache_fits(config, source, available_bytes=64 * 2**30)
+
+
+@pytest.mark.parametrize('augment', data.AUGMENTATIONS)
+def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
+  config = _config(data_dir=tfds_dir, augment=augment, image_size=32)
+  source = data.load_source(config)
+  images, _ = next(iter(data.train_input_fn(config, source, 16,
+                                            data.SkipCounter())(_context())))
+  assert images.dtype == tf.uint8 and images.shape == (16, 32, 32, 3)

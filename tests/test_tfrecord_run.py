@@ -1,0 +1,92 @@
+"""A user's TFRecord directory, end to end: export, train, benchmark."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run_train
+from pipeline import tfrecords
+
+
+def _run_module(module, *args, timeout=600):
+  return subprocess.run([sys.executable, '-m', module, *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout,
+                        check=False)
+
+
+@pytest.fixture(scope='module')
+def jpeg_dir(tmp_path_factory, tfds_dir):
+  """Digits as JPEG TFRecords with ImageNet's 1-based labels, plus a bad file."""
+  root = tmp_path_factory.mktemp('jpeg')
+  result = _run_module('launch.make_tfrecords', f'--output_dir={root}',
+                       f'--data_dir={tfds_dir}', '--splits=train[:256],test',
+                       '--num_files=3', '--label_offset=1', '--image_size=40')
+  assert result.returncode == 0, result.stderr[-2000:]
+  tfrecords.write(str(root / 'train-bad'),
+                  [tfrecords.serialize(b'\xff\xd8 truncated jpeg', 3)])
+  return root
+
+
+def _tfrecord_flags(root):
+  return ('--config.dataset=tfrecord', f'--config.train_files={root}/train-*',
+          f'--config.eval_files={root}/eval-*', '--config.num_classes=10',
+          '--config.label_offset=1')
+
+
+def test_training_on_tfrecord_files(jpeg_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  result = run_train(*_tfrecord_flags(jpeg_dir), f'--workdir={workdir}',
+                     '--config.global_batch_size=32', '--config.epochs=2',
+                     '--config.steps_per_execution=4',
+                     '--config.log_every_steps=4')
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['dataset'] == 'tfrecord'
+  assert metrics['skipped_records'] == 1  # Counted once: the cache holds it.
+  assert 0.0 <= metrics['input_wait_fraction'] < 1.0
+  assert metrics['total_steps'] == 2 * (257 // 32)  # Records, bad one included.
+  assert metrics['eval_examples'] == 359
+  assert 'skipped records 1' in result.stderr
+
+
+def test_label_offset_mistake_is_one_line(jpeg_dir, tmp_path):
+  flags = [f for f in _tfrecord_flags(jpeg_dir) if 'label_offset' not in f]
+  result = run_train(*flags, '--config.label_offset=0',
+                     f'--workdir={tmp_path / "run"}',
+                     '--config.global_batch_size=32', '--config.epochs=1')
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 1, result.stderr[-2000:]
+  assert 'label 10 (after label_offset=0) in ' in errors[0]
+  assert 'outside [0, 10)' in errors[0]
+
+
+def test_missing_files_pattern_is_one_line(tmp_path):
+  pattern = f'{tmp_path}/none-*'
+  result = run_train('--config.dataset=tfrecord',
+                     f'--config.train_files={pattern}',
+                     f'--config.eval_files={pattern}',
+                     '--config.num_classes=10', f'--workdir={tmp_path / "w"}')
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  assert f"error: no file matches '{pattern}'" in result.stderr
+
+
+def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
+  output = tmp_path / 'bench.json'
+  result = _run_module('launch.benchmark', *_tfrecord_flags(jpeg_dir),
+                       '--config.global_batch_size=16',
+                       '--config.steps_per_execution=2',
+                       '--config.augment=inception', '--num_executions=2',
+                       f'--output={output}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  figures = json.loads(output.read_text())
+  for key in ('input_cold_images_per_sec', 'input_warm_images_per_sec',
+              'train_synthetic_images_per_sec', 'train_real_images_per_sec',
+              'compile_s'):
+    assert figures[key] > 0, key
+  for row in ('input alone, cold cache', 'input alone, warm cache',
+              'train, synthetic on device', 'train, real input'):
+    assert row in result.stdout
