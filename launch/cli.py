@@ -69,6 +69,9 @@ POLICY = flags.DEFINE_enum('policy', 'auto', precision.POLICIES,
                            'Precision policy; auto picks one per device.')
 XLA = flags.DEFINE_enum('xla', 'auto', ['auto', 'on', 'off'],
                         'XLA compilation of the training step.')
+STAGING_DIR = flags.DEFINE_string(
+    'staging_dir', '/tmp/pipeline-staging',
+    'Local copy of a gs:// workdir: files are written here, then uploaded.')
 NUM_CPU_DEVICES = flags.DEFINE_integer(
     'num_cpu_devices', 1, 'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
@@ -97,4 +100,5 @@ def resolve_plan(config):
       POLICY.value, hardware.device_kind, hardware.gpu_compute_capability,
       precision.cpu_has_amx())
   xla, xla_reason = train.choose_xla(XLA.value, hardware)
-  return train.Plan(hardware, policy, policy_reason, xla, xla_reason, workdir)
+  return train.Plan(hardware, policy, policy_reason, xla, xla_reason, workdir,
+                    STAGING_DIR.value)

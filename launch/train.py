@@ -11,7 +11,11 @@ from absl import app
 
 from launch import cli
 from pipeline import train
+from pipeline.errors import Preempted
 from pipeline.errors import UserError
+
+# A stopped, resumable run: what a shell reports for a process ended by SIGTERM.
+_EXIT_PREEMPTED = 143
 
 
 def main(argv):
@@ -22,6 +26,9 @@ def main(argv):
     train.train_and_evaluate(config, cli.resolve_plan(config))
   except UserError as e:
     sys.exit(f'error: {e}')
+  except Preempted as e:
+    print(f'preempted: {e}', file=sys.stderr)
+    sys.exit(_EXIT_PREEMPTED)
 
 
 if __name__ == '__main__':

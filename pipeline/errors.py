@@ -7,3 +7,7 @@ with no traceback; anything else is a bug and keeps its traceback.
 
 class UserError(Exception):
   """A bad flag, config value, path or environment, explained in one line."""
+
+
+class Preempted(Exception):
+  """SIGTERM arrived; a checkpoint was saved and committed before stopping."""

@@ -1,7 +1,8 @@
-"""Files in the workdir: written whole or not at all.
+"""Files in the workdir: written whole or not at all, local or on GCS.
 
-Every write goes to a temporary name and is renamed into place, so a crash
-never leaves a half-written config, metrics file or export behind.
+Every local write goes to a temporary name and is renamed into place, so a
+crash never leaves a half-written config, metrics file or export behind; a
+GCS object is replaced whole by each upload.
 """
 
 import json
@@ -10,6 +11,7 @@ import uuid
 
 import tensorflow as tf
 
+from pipeline import gcs
 from pipeline.errors import UserError
 
 
@@ -52,3 +54,56 @@ def replace_dir(source, target):
   tf.io.gfile.rename(source, target)
   if tf.io.gfile.exists(old):
     tf.io.gfile.rmtree(old)
+
+
+class Workdir:
+  """A run's directory: local, or gs:// with a local staging copy.
+
+  Everything is written locally first (TensorFlow and Keras write files);
+  for a gs:// workdir `publish()` then uploads. Checkpoints have their own
+  commit protocol (checkpoint.py); this class carries the small files.
+  """
+
+  def __init__(self, url, staging_root, timeout_s=120.0):
+    self.url = url
+    if gcs.is_gcs(url):
+      self.remote = gcs.Location(url, timeout_s)
+      bucket, prefix = gcs.split_url(url)
+      self.local = os.path.join(staging_root, bucket, prefix)
+    else:
+      self.remote = None
+      self.local = url
+    self._published = {}  # relative path -> (size, mtime) last uploaded
+
+  def path(self, *parts):
+    return os.path.join(self.local, *parts)
+
+  def check(self):
+    """Local writability, and for gs:// the bucket preflight."""
+    check_writable(self.local)
+    if self.remote:
+      self.remote.preflight()
+
+  def read_json(self, relative):
+    if self.remote:
+      return self.remote.read_json(relative)
+    return read_json(self.path(relative))
+
+  def write_json(self, relative, obj):
+    write_json(self.path(relative), obj)
+    self.publish(relative)
+
+  def publish(self, relative):
+    """Uploads one file or every changed file under a directory."""
+    if not self.remote:
+      return
+    root = self.path(relative)
+    paths = [root] if os.path.isfile(root) else [
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root) for name in names]
+    for path in paths:
+      stat = os.stat(path)
+      key = os.path.relpath(path, self.local)
+      if self._published.get(key) != (stat.st_size, stat.st_mtime):
+        self.remote.upload(path, key)
+        self._published[key] = (stat.st_size, stat.st_mtime)

@@ -8,7 +8,9 @@ TensorBoard scalars, then evaluate, export and write metrics.json.
 
 import dataclasses
 import os
+import signal
 import tempfile
+import threading
 import time
 
 import keras
@@ -22,6 +24,7 @@ from pipeline import precision
 from pipeline import steps as steps_lib
 from pipeline import storage
 from pipeline.checkpoint import Checkpointer
+from pipeline.errors import Preempted
 from pipeline.errors import UserError
 
 # Fields that must match for a workdir's checkpoints to be restorable.
@@ -36,7 +39,8 @@ class Plan:
   policy_reason: str
   xla: bool
   xla_reason: str
-  workdir: str
+  workdir: str  # A local path or gs://bucket/prefix.
+  staging_dir: str = '/tmp/pipeline-staging'  # Local copy of a gs:// workdir.
 
   def summary(self, config):
     hw = self.hardware
@@ -95,13 +99,13 @@ def validate(config, hardware):
 
 
 def _check_same_run(workdir, config):
-  saved = storage.read_json(os.path.join(workdir, 'run.json'))
+  saved = workdir.read_json('run.json')
   if not saved:
     return
   for key in _RUN_IDENTITY:
     if saved['config'].get(key) != config[key]:
       raise UserError(
-          f'workdir {workdir!r} holds a run with {key}='
+          f'workdir {workdir.url!r} holds a run with {key}='
           f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
           '--workdir to start a new run')
 
@@ -125,22 +129,23 @@ def _log_plan(summary):
 def _writers(workdir, is_chief):
   if not is_chief:
     return tf.summary.create_noop_writer(), tf.summary.create_noop_writer()
-  root = os.path.join(workdir, 'tensorboard')
+  root = workdir.path('tensorboard')
   return (tf.summary.create_file_writer(os.path.join(root, 'train')),
           tf.summary.create_file_writer(os.path.join(root, 'eval')))
 
 
 def _export(model, workdir, is_chief):
   """Saves a float32-probability SavedModel to <workdir>/export, atomically."""
-  target = os.path.join(workdir, 'export')
+  target = workdir.path('export')
   staging = (f'{target}.tmp-{os.getpid()}' if is_chief else
              tempfile.mkdtemp(prefix='export-worker-'))
   models.with_softmax(model).export(staging, verbose=False)
-  if is_chief:
-    storage.replace_dir(staging, target)
-  else:
+  if not is_chief:
     tf.io.gfile.rmtree(staging)
-  return target
+    return None
+  storage.replace_dir(staging, target)
+  workdir.publish('export')
+  return f'{workdir.url}/export'
 
 
 @dataclasses.dataclass
@@ -226,11 +231,12 @@ class Meter:
 
 def train_and_evaluate(config, plan):
   """Runs training to `config.epochs`, resuming if the workdir has a checkpoint."""
-  hardware, workdir = plan.hardware, plan.workdir
+  hardware = plan.hardware
   strategy = hardware.strategy
   validate(config, hardware)
+  workdir = storage.Workdir(plan.workdir, plan.staging_dir)
   if hardware.is_chief:
-    storage.check_writable(workdir)
+    workdir.check()  # For gs://: bucket exists and takes a write, or one line.
     _check_same_run(workdir, config)
   source = data.load_source(config)
   data.check_cache_fits(config, source)
@@ -248,7 +254,7 @@ def train_and_evaluate(config, plan):
                  num_classes=source.num_classes, total_steps=total_steps)
   _log_plan(summary)
   if hardware.is_chief:
-    storage.write_json(os.path.join(workdir, 'run.json'),
+    workdir.write_json('run.json',
                        {'resolved': summary, 'config': config.to_dict()})
 
   trainer = build_trainer(config, plan, source.num_classes, total_steps,
@@ -281,6 +287,7 @@ def train_and_evaluate(config, plan):
 
   if initial_step:
     logging.info('Resuming at step %d of %d', initial_step, total_steps)
+  preemption = _SigtermFlag()
   iterator = iter(train_data)
   meter = Meter(global_batch)
   warned_input_bound = False
@@ -331,15 +338,26 @@ def train_and_evaluate(config, plan):
           tf.summary.scalar('loss_scale', loss_scale)
           tf.summary.scalar('skipped_steps', trainer.skipped_steps)
 
+    if preemption.raised:
+      checkpointer.save(current)
+      checkpointer.wait()
+      workdir.publish('tensorboard')
+      raise Preempted(f'SIGTERM: checkpoint of step {current} committed to '
+                      f'{workdir.url}; rerun the same command to resume')
     if _crossed(previous, current, config.checkpoint_every_steps) or \
         current == total_steps:
       checkpointer.save(current)
+      with train_writer.as_default(step=current):
+        tf.summary.scalar('checkpoint_blocked_s', checkpointer.blocked_s)
+      workdir.publish('tensorboard')
     eval_interval = steps_per_epoch * config.eval_every_epochs
     if eval_interval and current < total_steps and \
         _crossed(previous, current, eval_interval):
       evaluate(current)
 
   final = evaluate(total_steps)
+  checkpointer.wait()
+  preemption.restore()
   export_dir = _export(trainer.model, workdir, hardware.is_chief)
   images_per_sec, wait_fraction = meter.overall()
   metrics = {
@@ -362,6 +380,7 @@ def train_and_evaluate(config, plan):
       'input_wait_fraction': wait_fraction,
       'skipped_records': skips.count,
       'skipped_steps': trainer.skipped_steps,
+      'checkpoint_blocked_s': checkpointer.blocked_s,
       'final_loss_scale': trainer.loss_scale,
       'eval_accuracy': final['accuracy'],
       'eval_loss': final['loss'],
@@ -369,13 +388,39 @@ def train_and_evaluate(config, plan):
       'export_dir': export_dir,
   }
   if hardware.is_chief:
-    storage.write_json(os.path.join(workdir, 'metrics.json'), metrics)
+    eval_writer.flush()
+    workdir.publish('tensorboard')
+    workdir.write_json('metrics.json', metrics)
   logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s; metrics in '
                '%s', final['accuracy'],
                f'{images_per_sec:.0f}' if images_per_sec else '-',
                f'{wait_fraction:.0%}' if wait_fraction is not None else '-',
-               os.path.join(workdir, 'metrics.json'))
+               f'{workdir.url}/metrics.json')
   return metrics
+
+
+class _SigtermFlag:
+  """Turns SIGTERM (what cloud preemption sends) into a flag the loop reads.
+
+  The loop then saves at the next step boundary, waits for the upload and
+  stops; a second SIGTERM gets the default behaviour.
+  """
+
+  def __init__(self):
+    self.raised = False
+    self._previous = None
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    logging.warning('SIGTERM: saving a checkpoint at the next step boundary')
+    self.raised = True
+    signal.signal(signum, self._previous or signal.SIG_DFL)
+
+  def restore(self):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def _crossed(previous, current, interval):

@@ -50,3 +50,68 @@ def tiny_args(workdir, tfds_dir, *extra):
 
 
 assert tf.config.list_logical_devices('CPU'), 'TensorFlow sees no CPU'
+
+
+class Emulator:
+  """A real GCS server (gcp-storage-emulator) on a free loopback port.
+
+  Stores on disk under its own directory, so stop() and start() keep the
+  objects, as a network outage would.
+  """
+
+  def __init__(self, root):
+    import socket  # pylint: disable=g-import-not-at-top
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      self.port = s.getsockname()[1]
+    self.root = root
+    self.host = f'http://127.0.0.1:{self.port}'
+    self.process = None
+
+  def start(self):
+    import socket  # pylint: disable=g-import-not-at-top
+    import time  # pylint: disable=g-import-not-at-top
+    binary = os.path.join(os.path.dirname(sys.executable),
+                          'gcp-storage-emulator')
+    self.process = subprocess.Popen(
+        [binary, 'start', '--host=127.0.0.1', f'--port={self.port}', '-q'],
+        cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+      try:
+        socket.create_connection(('127.0.0.1', self.port), timeout=1).close()
+        return
+      except OSError:
+        time.sleep(0.1)
+    raise RuntimeError('gcp-storage-emulator did not start')
+
+  def stop(self):
+    if self.process:
+      self.process.terminate()
+      self.process.wait(timeout=30)
+      self.process = None
+
+  def client(self):
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+    return storage.Client(project='test')
+
+  def names(self, bucket, prefix=''):
+    return sorted(b.name for b in self.client().list_blobs(bucket,
+                                                           prefix=prefix))
+
+
+@pytest.fixture(scope='module')
+def emulator(tmp_path_factory):
+  """A started emulator with bucket 'runs'; STORAGE_EMULATOR_HOST points at it."""
+  server = Emulator(str(tmp_path_factory.mktemp('gcs')))
+  server.start()
+  previous = os.environ.get('STORAGE_EMULATOR_HOST')
+  os.environ['STORAGE_EMULATOR_HOST'] = server.host
+  os.environ.setdefault('GOOGLE_CLOUD_PROJECT', 'test')
+  server.client().create_bucket('runs')
+  yield server
+  server.stop()
+  if previous is None:
+    os.environ.pop('STORAGE_EMULATOR_HOST', None)
+  else:
+    os.environ['STORAGE_EMULATOR_HOST'] = previous
