@@ -69,6 +69,9 @@ POLICY = flags.DEFINE_enum('policy', 'auto', precision.POLICIES,
                            'Precision policy; auto picks one per device.')
 XLA = flags.DEFINE_enum('xla', 'auto', ['auto', 'on', 'off'],
                         'XLA compilation of the training step.')
+DRY_RUN = flags.DEFINE_bool(
+    'dry_run', False, 'Resolve and check everything (hardware, policy, data, '
+    'workdir access), print it, and stop before building the model.')
 STAGING_DIR = flags.DEFINE_string(
     'staging_dir', '/tmp/pipeline-staging',
     'Local copy of a gs:// workdir: files are written here, then uploaded.')

@@ -23,7 +23,12 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = cli.load_config()
   try:
-    train.train_and_evaluate(config, cli.resolve_plan(config))
+    plan = cli.resolve_plan(config)
+    if cli.DRY_RUN.value:
+      train.prepare(config, plan)
+      print('dry run: everything checks out; the run would start')
+      return
+    train.train_and_evaluate(config, plan)
   except UserError as e:
     sys.exit(f'error: {e}')
   except Preempted as e:

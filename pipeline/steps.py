@@ -66,6 +66,17 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
         tf.float32))
     return loss, correct
 
+  batch_norm_statistics = _batch_norm_statistics(model)
+
+  def average_batch_norm_statistics():
+    # Keras 3 creates moving statistics with aggregation NONE and updates them
+    # from each replica's own batch: without this, replicas and workers drift
+    # apart and a checkpoint holds only the first replica's.
+    context = tf.distribute.get_replica_context()
+    for variable in batch_norm_statistics:
+      variable.assign(context.all_reduce(tf.distribute.ReduceOp.MEAN,
+                                         variable.value))
+
   @tf.function
   def train(iterator, num_steps):
     loss_sum = tf.constant(0.0)
@@ -82,12 +93,26 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
       loss_sum += strategy.reduce(SUM, loss, axis=None)
       correct_sum += strategy.reduce(SUM, correct, axis=None)
       step.assign_add(1)
+    if strategy.num_replicas_in_sync > 1:
+      strategy.run(average_batch_norm_statistics)
     steps = tf.cast(num_steps, tf.float32)
     return {'loss': loss_sum / steps,
             'accuracy': correct_sum / (steps * global_batch_size),
             'input_wait_s': wait_s}
 
   return train
+
+
+def _batch_norm_statistics(model):
+  """The moving mean and variance of every BatchNormalization, nested too."""
+  found, layers = [], list(model.layers)
+  while layers:
+    layer = layers.pop()
+    if isinstance(layer, keras.Model):
+      layers.extend(layer.layers)
+    elif isinstance(layer, keras.layers.BatchNormalization):
+      found.extend([layer.moving_mean, layer.moving_variance])
+  return found
 
 
 def make_eval_function(model, strategy, num_classes):

@@ -7,6 +7,7 @@ TensorBoard scalars, then evaluate, export and write metrics.json.
 """
 
 import dataclasses
+import hashlib
 import os
 import signal
 import tempfile
@@ -229,10 +230,24 @@ class Meter:
     return self._rates(*self.total, self.global_batch_size)
 
 
-def train_and_evaluate(config, plan):
-  """Runs training to `config.epochs`, resuming if the workdir has a checkpoint."""
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """What a run resolved before building any model: checked and printed."""
+  workdir: storage.Workdir
+  source: data.Source
+  steps_per_epoch: int
+  total_steps: int
+  summary: dict
+
+
+def prepare(config, plan):
+  """Checks everything a run needs, short of building the model.
+
+  Config values, workdir access (the bucket preflight for gs://), the data
+  source and its size, the cache and the batch split; prints the resolved
+  run. Shared by training and --dry_run, so a dry run checks what a run would.
+  """
   hardware = plan.hardware
-  strategy = hardware.strategy
   validate(config, hardware)
   workdir = storage.Workdir(plan.workdir, plan.staging_dir)
   if hardware.is_chief:
@@ -240,22 +255,38 @@ def train_and_evaluate(config, plan):
     _check_same_run(workdir, config)
   source = data.load_source(config)
   data.check_cache_fits(config, source)
-
   global_batch = config.global_batch_size
   steps_per_epoch = source.num_train_examples // global_batch
   if steps_per_epoch < 1:
     raise UserError(f'global_batch_size={global_batch} is larger than the '
                     f'{source.num_train_examples} training examples')
   total_steps = config.epochs * steps_per_epoch
-
   summary = plan.summary(config)
   summary.update(dataset=source.name, train_examples=source.num_train_examples,
                  eval_examples=source.num_eval_examples,
-                 num_classes=source.num_classes, total_steps=total_steps)
+                 num_classes=source.num_classes, total_steps=total_steps,
+                 peak_learning_rate=config.base_learning_rate * global_batch /
+                 256)
   _log_plan(summary)
+  logging.info('Data: %s, %d classes, %d train / %d eval examples; %d steps '
+               '(%d epochs of %d); peak learning rate %.3g', source.name,
+               source.num_classes, source.num_train_examples,
+               source.num_eval_examples, total_steps, config.epochs,
+               steps_per_epoch, summary['peak_learning_rate'])
+  return Prepared(workdir, source, steps_per_epoch, total_steps, summary)
+
+
+def train_and_evaluate(config, plan):
+  """Runs training to `config.epochs`, resuming if the workdir has a checkpoint."""
+  hardware = plan.hardware
+  strategy = hardware.strategy
+  prepared = prepare(config, plan)
+  workdir, source = prepared.workdir, prepared.source
+  steps_per_epoch, total_steps = prepared.steps_per_epoch, prepared.total_steps
+  global_batch = config.global_batch_size
   if hardware.is_chief:
-    workdir.write_json('run.json',
-                       {'resolved': summary, 'config': config.to_dict()})
+    workdir.write_json('run.json', {'resolved': prepared.summary,
+                                    'config': config.to_dict()})
 
   trainer = build_trainer(config, plan, source.num_classes, total_steps,
                           steps_per_epoch)
@@ -386,16 +417,17 @@ def train_and_evaluate(config, plan):
       'eval_loss': final['loss'],
       'eval_examples': int(final['examples']),
       'export_dir': export_dir,
+      'weights_sha256': _weights_digest(trainer.model),
   }
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')
     workdir.write_json('metrics.json', metrics)
-  logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s; metrics in '
-               '%s', final['accuracy'],
+  logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s, weights '
+               'sha256 %s; metrics in %s', final['accuracy'],
                f'{images_per_sec:.0f}' if images_per_sec else '-',
                f'{wait_fraction:.0%}' if wait_fraction is not None else '-',
-               f'{workdir.url}/metrics.json')
+               metrics['weights_sha256'][:16], f'{workdir.url}/metrics.json')
   return metrics
 
 
@@ -421,6 +453,14 @@ class _SigtermFlag:
   def restore(self):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+
+
+def _weights_digest(model):
+  """SHA-256 of every weight: equal digests mean workers hold equal models."""
+  digest = hashlib.sha256()
+  for weight in model.weights:
+    digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+  return digest.hexdigest()
 
 
 def _crossed(previous, current, interval):

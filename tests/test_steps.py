@@ -77,9 +77,12 @@ def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy):
     assert not np.allclose(model.layers[2].kernel.numpy(), kernel_before)
     assert losses[-1] < losses[0]
     # Both replicas hold the same weights after the all-reduced updates.
-    first, second = mirrored.experimental_local_results(
-        model.layers[2].kernel.value)
-    np.testing.assert_array_equal(first.numpy(), second.numpy())
+    for variable in (model.layers[2].kernel,  # Trainable: all-reduced grads.
+                     model.layers[3].moving_mean,  # Averaged after each call.
+                     model.layers[3].moving_variance):
+      first, second = mirrored.experimental_local_results(variable.value)
+      np.testing.assert_array_equal(first.numpy(), second.numpy())
+    assert not np.allclose(model.layers[3].moving_mean.numpy(), 0.0)
   finally:
     keras.mixed_precision.set_global_policy('float32')
 
