@@ -12,6 +12,7 @@ img/s at 64 px, BUILD_NOTES.md), with the same code otherwise.
 import dataclasses
 import json
 import os
+import socket
 from typing import Optional
 
 import tensorflow as tf
@@ -112,7 +113,18 @@ def _multi_worker():
                   detail=f'{task_type} {task_index} of {num_workers} workers')
 
 
+def _check_reachable(address, timeout_s=10.0):
+  """A grpc:// TPU worker must accept a TCP connection; TF would hang."""
+  host, _, port = address[len('grpc://'):].rpartition(':')
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout_s).close()
+  except (OSError, ValueError) as e:
+    raise UserError(f'TPU {address!r} could not be reached: {e}') from None
+
+
 def _tpu(tpu, zone, project):
+  if tpu.startswith('grpc://'):
+    _check_reachable(tpu)
   try:
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
         tpu=tpu, zone=zone, project=project)

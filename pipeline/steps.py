@@ -73,9 +73,10 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
     # from each replica's own batch: without this, replicas and workers drift
     # apart and a checkpoint holds only the first replica's.
     context = tf.distribute.get_replica_context()
-    for variable in batch_norm_statistics:
-      variable.assign(context.all_reduce(tf.distribute.ReduceOp.MEAN,
-                                         variable.value))
+    local = [tf.identity(v.value) for v in batch_norm_statistics]
+    averaged = context.all_reduce(tf.distribute.ReduceOp.MEAN, local)
+    for variable, value in zip(batch_norm_statistics, averaged):
+      variable.assign(value)
 
   @tf.function
   def train(iterator, num_steps):
