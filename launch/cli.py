@@ -69,6 +69,13 @@ POLICY = flags.DEFINE_enum('policy', 'auto', precision.POLICIES,
                            'Precision policy; auto picks one per device.')
 XLA = flags.DEFINE_enum('xla', 'auto', ['auto', 'on', 'off'],
                         'XLA compilation of the training step.')
+COLLECTIVE = flags.DEFINE_enum(
+    'collective', 'auto', ['auto', 'ring', 'nccl'],
+    'All-reduce implementation across workers (TF_CONFIG runs): auto picks '
+    'NCCL on GPUs, ring otherwise.')
+COLLECTIVE_TIMEOUT_S = flags.DEFINE_float(
+    'collective_timeout_s', 300.0,
+    'A collective that waits longer for another worker fails the run.')
 DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Resolve and check everything (hardware, policy, data, '
     'workdir access), print it, and stop before building the model.')
@@ -98,7 +105,8 @@ def resolve_plan(config):
   workdir = WORKDIR.value or os.path.join(
       'runs', f'{config.model}_{config.dataset}')
   hardware = devices.resolve(TPU.value, TPU_ZONE.value, GCP_PROJECT.value,
-                             NUM_CPU_DEVICES.value)
+                             NUM_CPU_DEVICES.value, COLLECTIVE.value,
+                             COLLECTIVE_TIMEOUT_S.value)
   policy, policy_reason = precision.choose_policy(
       POLICY.value, hardware.device_kind, hardware.gpu_compute_capability,
       precision.cpu_has_amx())

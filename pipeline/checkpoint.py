@@ -38,7 +38,9 @@ class Checkpointer:
 
   def __init__(self, workdir, max_to_keep, is_chief, **trackables):
     self.checkpoint = tf.train.Checkpoint(**trackables)
-    self.remote = workdir.remote if is_chief else None
+    self.workdir = workdir
+    self.is_chief = is_chief
+    self.remote = workdir.remote if is_chief else None  # Where saves upload.
     self.max_to_keep = max_to_keep
     if is_chief:
       directory = workdir.path('checkpoints')
@@ -62,11 +64,15 @@ class Checkpointer:
   # --- restore ---
 
   def restore_latest(self):
-    """Restores the newest committed checkpoint; returns its step or None."""
-    if self.remote:
+    """Restores the newest committed checkpoint; returns its step or None.
+
+    Every worker restores the chief's checkpoint (all must resume at the same
+    step); only the chief finishes staged uploads and cleans the bucket.
+    """
+    if self.workdir.remote:
       path = self._fetch_latest_remote()
     else:
-      path = self.manager.latest_checkpoint
+      path = tf.train.latest_checkpoint(self.workdir.path('checkpoints'))
     if not path:
       return None
     self.checkpoint.restore(path).assert_existing_objects_matched()
@@ -78,7 +84,10 @@ class Checkpointer:
 
   def _fetch_latest_remote(self):
     """Finishes pending uploads, cleans uncommitted ones, downloads the newest."""
-    committed = self._remote_steps()
+    remote = self.workdir.remote
+    committed = self._remote_steps(remote)
+    if not self.is_chief:
+      return self._download(remote, max(committed)) if committed else None
     staged_root = os.path.join(self.directory, 'uploading')
     for name in sorted(os.listdir(staged_root)) if os.path.isdir(
         staged_root) else []:
@@ -90,22 +99,22 @@ class Checkpointer:
       else:
         shutil.rmtree(os.path.join(staged_root, name))
     self._delete_uncommitted(committed)
-    if not committed:
-      return None
-    step = max(committed)
-    manifest = self.remote.read_json(f'checkpoints/ckpt-{step}/{_MARKER}')
+    return self._download(remote, max(committed)) if committed else None
+
+  def _download(self, remote, step):
+    manifest = remote.read_json(f'checkpoints/ckpt-{step}/{_MARKER}')
     target = os.path.join(self.directory, 'restored', f'ckpt-{step}')
     os.makedirs(target, exist_ok=True)
     for name in manifest['files']:
-      self.remote.download(f'checkpoints/ckpt-{step}/{name}',
-                           os.path.join(target, name))
+      remote.download(f'checkpoints/ckpt-{step}/{name}',
+                      os.path.join(target, name))
     logging.info('Downloaded committed checkpoint %d from %s', step,
-                 self.remote.url)
+                 remote.url)
     return os.path.join(target, f'ckpt-{step}')
 
-  def _remote_steps(self):
+  def _remote_steps(self, remote=None):
     return sorted(int(name.split('/')[1].split('-')[1])
-                  for name in self.remote.list('checkpoints/')
+                  for name in (remote or self.remote).list('checkpoints/')
                   if name.endswith('/' + _MARKER))
 
   def _delete_uncommitted(self, committed):

@@ -64,7 +64,7 @@ def _tfds_source(config):
     builder.download_and_prepare()
   except Exception as e:  # Network, disk and manual-download errors alike.
     raise UserError(f'dataset {config.dataset!r} could not be prepared in '
-                    f'{builder.data_dir}: {_first_line(e)}')
+                    f'{builder.data_dir}: {first_line(e)}')
   features = builder.info.features
   if not ('label' in features and 'image' in features and
           isinstance(features['label'], tfds.features.ClassLabel) and
@@ -121,7 +121,7 @@ def _num_examples(builder, split):
   except (KeyError, ValueError) as e:
     raise UserError(f'split {split!r} does not exist in {builder.name!r} '
                     f'(splits: {", ".join(builder.info.splits)}): '
-                    f'{_first_line(e)}')
+                    f'{first_line(e)}')
 
 
 # --- TFRecord files ---------------------------------------------------------
@@ -419,6 +419,6 @@ def validate(config):
                     f'{", ".join(AUGMENTATIONS)}')
 
 
-def _first_line(error):
+def first_line(error):
   text = getattr(error, 'message', None) or str(error)
   return (text.strip().splitlines() or [type(error).__name__])[0]

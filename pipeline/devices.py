@@ -55,12 +55,20 @@ def split_cpu(num_cpu_devices):
     raise UserError(f'cannot split the CPU after TensorFlow started: {e}')
 
 
-def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1):
+COLLECTIVES = {
+    'auto': tf.distribute.experimental.CommunicationImplementation.AUTO,
+    'ring': tf.distribute.experimental.CommunicationImplementation.RING,
+    'nccl': tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
+            collective='auto', collective_timeout_s=None):
   """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU."""
   if tpu:
     return _tpu(tpu, tpu_zone, gcp_project)
   if os.environ.get('TF_CONFIG'):
-    return _multi_worker()
+    return _multi_worker(collective, collective_timeout_s)
   split_cpu(num_cpu_devices)
   gpus = tf.config.list_logical_devices('GPU')
   if gpus:
@@ -99,9 +107,14 @@ def parse_tf_config(text):
   return cluster, task_type, task_index
 
 
-def _multi_worker():
+def _multi_worker(collective, timeout_s):
   cluster, task_type, task_index = parse_tf_config(os.environ['TF_CONFIG'])
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  # NCCL on GPUs, ring otherwise (auto); the timeout bounds every collective,
+  # so a worker that dies or never starts stops the others with an error.
+  options = tf.distribute.experimental.CommunicationOptions(
+      implementation=COLLECTIVES[collective], timeout_seconds=timeout_s)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=options)
   resolver = strategy.cluster_resolver
   num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
   is_chief = (task_type == 'chief' or

@@ -468,10 +468,21 @@ def _crossed(previous, current, interval):
   return current // interval > previous // interval
 
 
+_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+              tf.errors.AbortedError, tf.errors.CancelledError)
+
+
 def _run(function, iterator, num_steps, config, num_classes):
   """Calls a compiled multi-step function; bad labels become a UserError."""
   try:
     return function(iterator, tf.constant(num_steps))
+  except _PEER_LOST as e:
+    if 'TF_CONFIG' not in os.environ:
+      raise
+    raise UserError(
+        f'another worker stopped or never answered ({type(e).__name__}: '
+        f'{data.first_line(e)}); restart all workers with the same command '
+        'to resume from the last checkpoint') from None
   except tf.errors.InvalidArgumentError as e:
     message = data.label_error(e, num_classes, config.label_offset)
     if message:

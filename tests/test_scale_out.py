@@ -102,3 +102,42 @@ def test_unreachable_tpu_fails_in_one_line(tmp_path, tpu):
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
   assert len(errors) == 1 and f"TPU '{tpu}' could not be reached" in errors[0]
+
+
+@pytest.mark.slow
+def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
+                                                             tfds_dir):
+  import time  # pylint: disable=g-import-not-at-top
+  ports = [_free_port(), _free_port()]
+  workdir = tmp_path / 'run'
+  args = tiny_args(str(workdir), tfds_dir, '--config.epochs=40',
+                   '--config.checkpoint_every_steps=8',
+                   '--collective_timeout_s=30')
+
+  def start(index, extra=()):
+    return subprocess.Popen(
+        [sys.executable, '-m', 'launch.train', *args, *extra], cwd=REPO,
+        env=dict(os.environ, TF_CONFIG=_tf_config(ports, index)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+  chief, other = start(0), start(1)
+  state = workdir / 'checkpoints' / 'checkpoint'
+  deadline = time.time() + 500
+  while not state.exists():
+    assert time.time() < deadline and chief.poll() is None
+    time.sleep(0.5)
+  other.kill()
+  killed_at = time.time()
+  _, stderr = chief.communicate(timeout=300)
+  waited_s = time.time() - killed_at
+  assert chief.returncode != 0 and 'Traceback' not in stderr, stderr[-3000:]
+  assert 'error: another worker stopped or never answered' in stderr
+  assert waited_s < 200, waited_s
+
+  # Restart both, with a shorter schedule: they resume from the checkpoint.
+  short = ('--config.epochs=3',)
+  chief, other = start(0, short), start(1, short)
+  outputs = [p.communicate(timeout=600)[1] for p in (chief, other)]
+  assert chief.returncode == 0 and other.returncode == 0, outputs[0][-3000:]
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['initial_step'] >= 8 and metrics['num_replicas'] == 2
