@@ -414,6 +414,7 @@ def eval_input_fn(config, source, global_batch_size, counter):
 
 
 def validate(config):
+  """A one-line UserError for an augmentation this module does not know."""
   if config.augment not in AUGMENTATIONS:
     raise UserError(f'unknown augment {config.augment!r}; accepted: '
                     f'{", ".join(AUGMENTATIONS)}')

@@ -94,9 +94,7 @@ def validate(config, hardware):
   if config.model not in models.MODELS:
     raise UserError(f'unknown model {config.model!r}; accepted: '
                     f'{", ".join(models.MODELS)}')
-  if config.augment not in data.AUGMENTATIONS:
-    raise UserError(f'unknown augment {config.augment!r}; accepted: '
-                    f'{", ".join(data.AUGMENTATIONS)}')
+  data.validate(config)
 
 
 def _check_same_run(workdir, config):
