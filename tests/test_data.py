@@ -6,7 +6,6 @@ real JPEG and PNG bytes, grayscale, RGBA and CMYK images, and broken records.
 
 import io
 import re
-import os
 
 import numpy as np
 import pytest

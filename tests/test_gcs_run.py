@@ -87,7 +87,7 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
 
 def test_missing_bucket_fails_in_one_line_before_training(
     emulator, tfds_dir, tmp_path):
-  result = run_train(f'--workdir=gs://no-such-bucket/run',
+  result = run_train('--workdir=gs://no-such-bucket/run',
                      f'--config.data_dir={tfds_dir}',
                      f'--staging_dir={tmp_path}', env=_env(emulator),
                      timeout=300)

@@ -1,7 +1,6 @@
 """A user's TFRecord directory, end to end: export, train, benchmark."""
 
 import json
-import os
 import subprocess
 import sys
 

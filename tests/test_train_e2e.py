@@ -7,7 +7,6 @@ bundled digits, through tfds, the strategy, checkpoints and export.
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
