@@ -21,6 +21,7 @@ import tensorflow_datasets as tfds
 from pipeline import sklearn_digits  # pylint: disable=unused-import  (registers the builder)
 from pipeline import tfrecords
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 
 AUTOTUNE = tf.data.AUTOTUNE
 AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
@@ -418,8 +419,3 @@ def validate(config):
   if config.augment not in AUGMENTATIONS:
     raise UserError(f'unknown augment {config.augment!r}; accepted: '
                     f'{", ".join(AUGMENTATIONS)}')
-
-
-def first_line(error):
-  text = getattr(error, 'message', None) or str(error)
-  return (text.strip().splitlines() or [type(error).__name__])[0]

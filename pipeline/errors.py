@@ -11,3 +11,9 @@ class UserError(Exception):
 
 class Preempted(Exception):
   """SIGTERM arrived; a checkpoint was saved and committed before stopping."""
+
+
+def first_line(error):
+  """The first line of an exception's message, for one-line reports."""
+  text = getattr(error, 'message', None) or str(error) or type(error).__name__
+  return (text.strip().splitlines() or [type(error).__name__])[0]

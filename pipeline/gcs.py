@@ -19,6 +19,7 @@ from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 
 
 class GcsError(Exception):
@@ -69,7 +70,7 @@ class Location:
       raise
     except (exceptions.GoogleAPIError, retries.exceptions.RetryError,
             ConnectionError, OSError) as e:
-      raise GcsError(f'{what} failed: {_first_line(e)}') from None
+      raise GcsError(f'{what} failed: {first_line(e)}') from None
 
   def preflight(self):
     """Proves the bucket exists and this run can write and delete in it."""
@@ -84,7 +85,7 @@ class Location:
                       f'{self.url}); create it or fix --workdir') from None
     except exceptions.Forbidden as e:
       raise UserError(f'no permission to write to bucket {self.bucket_name!r}'
-                      f' ({self.url}): {_first_line(e)}') from None
+                      f' ({self.url}): {first_line(e)}') from None
     except GcsError as e:
       raise UserError(f'workdir {self.url} is not reachable: {e}') from None
 
@@ -129,8 +130,3 @@ class Location:
                  self.bucket.blob(self.name(relative)).delete)
     except exceptions.NotFound:
       pass
-
-
-def _first_line(error):
-  text = getattr(error, 'message', None) or str(error) or type(error).__name__
-  return text.strip().splitlines()[0]

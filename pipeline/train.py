@@ -27,6 +27,7 @@ from pipeline import storage
 from pipeline.checkpoint import Checkpointer
 from pipeline.errors import Preempted
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 
 # Fields that must match for a workdir's checkpoints to be restorable.
 _RUN_IDENTITY = ('dataset', 'model', 'image_size')
@@ -479,7 +480,7 @@ def _run(function, iterator, num_steps, config, num_classes):
       raise
     raise UserError(
         f'another worker stopped or never answered ({type(e).__name__}: '
-        f'{data.first_line(e)}); restart all workers with the same command '
+        f'{first_line(e)}); restart all workers with the same command '
         'to resume from the last checkpoint') from None
   except tf.errors.InvalidArgumentError as e:
     message = data.label_error(e, num_classes, config.label_offset)
