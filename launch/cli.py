@@ -109,7 +109,7 @@ def resolve_plan(config):
                              COLLECTIVE_TIMEOUT_S.value)
   policy, policy_reason = precision.choose_policy(
       POLICY.value, hardware.device_kind, hardware.gpu_compute_capability,
-      precision.cpu_has_amx(), hardware.num_replicas)
+      precision.cpu_has_amx())
   xla, xla_reason = train.choose_xla(XLA.value, hardware)
   return train.Plan(hardware, policy, policy_reason, xla, xla_reason, workdir,
                     STAGING_DIR.value)

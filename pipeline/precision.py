@@ -24,28 +24,15 @@ def cpu_has_amx(cpuinfo_path='/proc/cpuinfo'):
 
 
 def choose_policy(requested, device_kind, gpu_compute_capability=None,
-                  has_amx=False, num_replicas=1):
+                  has_amx=False):
   """Returns (policy name, reason) for `requested` on this hardware."""
   if requested not in POLICIES:
     raise UserError(f'unknown policy {requested!r}; accepted: '
                     f'{", ".join(POLICIES)}')
   if requested != 'auto':
-    if needs_loss_scaling(requested) and num_replicas > 1:
-      return requested, ('asked for with --policy; WARNING: Keras 3.15 loss '
-                         'scaling is unsafe across replicas (BUILD_NOTES.md)')
     return requested, 'asked for with --policy'
   if device_kind == 'TPU':
     return 'mixed_bfloat16', 'TPU matrix units compute in bfloat16'
-  capability = tuple(gpu_compute_capability or ())
-  if device_kind == 'GPU' and num_replicas > 1 and capability >= (7, 0):
-    # Keras 3.15's LossScaleOptimizer can put NaN into the weights when
-    # replicas disagree on skipping a step (BUILD_NOTES.md known limits).
-    if capability >= (8, 0):
-      return 'mixed_bfloat16', ('several GPUs: float16 loss scaling is unsafe '
-                                'across replicas in Keras 3.15; bfloat16 '
-                                'needs none')
-    return 'float32', ('several GPUs without bfloat16: float16 loss scaling '
-                       'is unsafe across replicas in Keras 3.15')
   if device_kind == 'GPU':
     if gpu_compute_capability and tuple(gpu_compute_capability) >= (7, 0):
       major, minor = gpu_compute_capability

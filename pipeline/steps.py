@@ -48,6 +48,7 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
   """
   loss_fn = keras.losses.CategoricalCrossentropy(
       from_logits=True, label_smoothing=label_smoothing, reduction=None)
+  _apply_without_all_reduce(optimizer)
 
   # TPUs compile the whole step anyway; elsewhere XLA is opt-in per step.
   @tf.function(jit_compile=jit_compile or None)
@@ -60,6 +61,11 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
                                         global_batch_size=global_batch_size)
       scaled_loss = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled_loss, model.trainable_variables)
+    # Summed here, not inside optimizer.apply: LossScaleOptimizer decides to
+    # skip a step from the gradients it is given, before its inner optimizer
+    # would sum them, so each replica must already hold the sum (else one
+    # replica's inf reaches the weights as NaN; BUILD_NOTES.md).
+    grads = tf.distribute.get_replica_context().all_reduce(SUM, grads)
     optimizer.apply(grads, model.trainable_variables)
     correct = tf.reduce_sum(tf.cast(
         tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
@@ -94,7 +100,7 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
       loss_sum += strategy.reduce(SUM, loss, axis=None)
       correct_sum += strategy.reduce(SUM, correct, axis=None)
       step.assign_add(1)
-    if strategy.num_replicas_in_sync > 1:
+    if strategy.num_replicas_in_sync > 1 and batch_norm_statistics:
       strategy.run(average_batch_norm_statistics)
     steps = tf.cast(num_steps, tf.float32)
     return {'loss': loss_sum / steps,
@@ -102,6 +108,22 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
             'input_wait_s': wait_s}
 
   return train
+
+
+def _apply_without_all_reduce(optimizer):
+  """Makes `optimizer.apply` take gradients that are already summed.
+
+  Keras' TensorFlow optimizers sum gradients across replicas inside
+  `apply`; our replica step sums them first, so a second sum would multiply
+  them by the number of replicas. A loss-scaled optimizer's inner optimizer
+  is the one that sums.
+  """
+  inner = getattr(optimizer, 'inner_optimizer', optimizer)
+  if not hasattr(inner, '_all_reduce_sum_gradients'):
+    raise RuntimeError(f'{type(inner).__name__} no longer has '
+                       '_all_reduce_sum_gradients; update steps.py for this '
+                       'Keras version')
+  inner._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
 
 
 def _batch_norm_statistics(model):

@@ -23,18 +23,6 @@ def test_auto_policy_table(device_kind, capability, amx, expected):
   assert reason
 
 
-@pytest.mark.parametrize('capability, expected', [
-    ((8, 0), 'mixed_bfloat16'), ((7, 0), 'float32')])
-def test_auto_avoids_float16_across_replicas(capability, expected):
-  # Keras 3.15's loss scaling is unsafe across replicas (test_steps xfail).
-  policy, reason = precision.choose_policy('auto', 'GPU', capability,
-                                           num_replicas=4)
-  assert policy == expected and 'unsafe across replicas' in reason
-  forced, warning = precision.choose_policy('mixed_float16', 'GPU', capability,
-                                            num_replicas=4)
-  assert forced == 'mixed_float16' and 'WARNING' in warning
-
-
 @pytest.mark.parametrize('policy', precision.POLICIES[1:])
 def test_explicit_policy_is_kept(policy):
   assert precision.choose_policy(policy, 'TPU')[0] == policy
