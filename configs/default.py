@@ -45,6 +45,10 @@ def get_config():
   # Optimisation. The peak rate is base_learning_rate * global_batch / 256.
   config.global_batch_size = 64
   config.epochs = 20
+  # Examples per epoch, a multiple of global_batch_size; 0: the training set
+  # rounded down to whole batches. launch.compare sets it so runs with
+  # different batches see the same examples.
+  config.examples_per_epoch = 0
   config.optimizer = 'adamw'
   config.base_learning_rate = 1e-2
   config.warmup_epochs = 2.0
@@ -52,8 +56,9 @@ def get_config():
   config.label_smoothing = 0.1
   config.seed = 0
 
-  # Execution. Steps per compiled call: fewer host round trips.
-  config.steps_per_execution = 8
+  # Execution. Steps per compiled call: fewer host round trips. 0 picks one
+  # for the device: 100 on TPU, 8 on CPU and GPU (pipeline/train.py).
+  config.steps_per_execution = 0
   config.log_every_steps = 50
   config.checkpoint_every_steps = 200
   config.keep_checkpoints = 3

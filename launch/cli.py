@@ -10,6 +10,11 @@ import re
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Before TensorFlow loads.
+# --policy=rewrite on CPU is oneDNN's bfloat16 rewrite. TensorFlow reads this
+# switch once, as it loads, and leaves oneDNN off on CPUs without AVX-512.
+if '--policy=rewrite' in sys.argv or ('--policy', 'rewrite') in zip(
+    sys.argv, sys.argv[1:]):
+  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
@@ -65,6 +70,13 @@ TPU = flags.DEFINE_string(
 TPU_ZONE = flags.DEFINE_string('tpu_zone', None, 'Zone of a named TPU.')
 GCP_PROJECT = flags.DEFINE_string('gcp_project', None,
                                   'Project of a named TPU.')
+TPU_RUNTIME_VERSION = flags.DEFINE_string(
+    'tpu_runtime_version', '', "TPU Nodes only: '' leaves the TPU's runtime "
+    "as it is, 'match' switches it to this TensorFlow's version, or a "
+    'version such as 2.12.0 (needs requirements-tpu-client.txt).')
+GPUS = flags.DEFINE_string(
+    'gpus', '', "GPUs for the MirroredStrategy, by index or name, e.g. '0,2'; "
+    'empty: all visible GPUs.')
 POLICY = flags.DEFINE_enum('policy', 'auto', precision.POLICIES,
                            'Precision policy; auto picks one per device.')
 XLA = flags.DEFINE_enum('xla', 'auto', ['auto', 'on', 'off'],
@@ -106,10 +118,11 @@ def resolve_plan(config):
       'runs', f'{config.model}_{config.dataset}')
   hardware = devices.resolve(TPU.value, TPU_ZONE.value, GCP_PROJECT.value,
                              NUM_CPU_DEVICES.value, COLLECTIVE.value,
-                             COLLECTIVE_TIMEOUT_S.value)
+                             COLLECTIVE_TIMEOUT_S.value, GPUS.value,
+                             TPU_RUNTIME_VERSION.value)
   policy, policy_reason = precision.choose_policy(
       POLICY.value, hardware.device_kind, hardware.gpu_compute_capability,
       precision.cpu_has_amx())
-  xla, xla_reason = train.choose_xla(XLA.value, hardware)
+  xla, xla_reason = train.choose_xla(XLA.value, hardware, policy)
   return train.Plan(hardware, policy, policy_reason, xla, xla_reason, workdir,
                     STAGING_DIR.value)

@@ -58,7 +58,7 @@ def run(config, plan, executions):
   source = data.load_source(config)
   data.check_cache_fits(config, source)
   batch = config.global_batch_size
-  spe = config.steps_per_execution
+  spe = plan.steps_per_execution(config)  # Config 0: picked per device.
   images_per_execution = batch * spe * executions
   logging.info('Input alone: two passes of up to %d batches of %d',
                executions * spe, batch)

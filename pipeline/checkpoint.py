@@ -36,8 +36,12 @@ class UploadError(UserError):
 class Checkpointer:
   """Saves and restores one run's state in `<workdir>/checkpoints`."""
 
-  def __init__(self, workdir, max_to_keep, is_chief, **trackables):
+  def __init__(self, workdir, max_to_keep, is_chief, io_device=None,
+               **trackables):
     self.checkpoint = tf.train.Checkpoint(**trackables)
+    # A TPU Node's variables live on remote hosts, which would otherwise
+    # read and write the files there; '/job:localhost' keeps them here.
+    self.options = tf.train.CheckpointOptions(experimental_io_device=io_device)
     self.workdir = workdir
     self.is_chief = is_chief
     self.remote = workdir.remote if is_chief else None  # Where saves upload.
@@ -75,7 +79,8 @@ class Checkpointer:
       path = tf.train.latest_checkpoint(self.workdir.path('checkpoints'))
     if not path:
       return None
-    self.checkpoint.restore(path).assert_existing_objects_matched()
+    self.checkpoint.restore(path, options=self.options
+                            ).assert_existing_objects_matched()
     logging.info('Restored %s', path)
     return int(path.rsplit('-', 1)[1])
 
@@ -130,7 +135,7 @@ class Checkpointer:
     """Saves locally, then (gs://) queues the upload. Returns blocked seconds."""
     self.raise_if_failed()
     start = time.perf_counter()
-    path = self.manager.save(checkpoint_number=step)
+    path = self.manager.save(checkpoint_number=step, options=self.options)
     if self.remote:
       staged = self._staged_dir(step)
       os.makedirs(staged, exist_ok=True)

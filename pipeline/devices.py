@@ -12,11 +12,13 @@ img/s at 64 px, BUILD_NOTES.md), with the same code otherwise.
 import dataclasses
 import json
 import os
+import re
 import socket
 from typing import Optional
 
 import tensorflow as tf
 
+from pipeline import tpu_runtime
 from pipeline.errors import UserError
 
 
@@ -30,6 +32,9 @@ class Hardware:
   is_chief: bool = True
   gpu_compute_capability: Optional[tuple] = None
   detail: str = ''
+  # A TPU Node's workers (--tpu=NAME or grpc://) run on other hosts and read
+  # only gs:// paths; a TPU VM's (--tpu=local) are this host.
+  tpu_workers_remote: bool = False
 
   @property
   def strategy_name(self):
@@ -63,16 +68,24 @@ COLLECTIVES = {
 
 
 def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
-            collective='auto', collective_timeout_s=None):
+            collective='auto', collective_timeout_s=None, gpus='',
+            tpu_runtime_version=''):
   """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU."""
   if tpu:
-    return _tpu(tpu, tpu_zone, gcp_project)
+    if gpus:
+      raise UserError(f'--gpus={gpus} selects GPUs; it cannot be combined '
+                      f'with --tpu={tpu}')
+    return _tpu(tpu, tpu_zone, gcp_project, tpu_runtime_version)
+  if tpu_runtime_version:
+    raise UserError(f'--tpu_runtime_version={tpu_runtime_version} needs a TPU '
+                    'Node: pass --tpu=NAME or --tpu=grpc://HOST:PORT')
+  _limit_visible_gpus(gpus)
   if os.environ.get('TF_CONFIG'):
     return _multi_worker(collective, collective_timeout_s)
   split_cpu(num_cpu_devices)
-  gpus = tf.config.list_logical_devices('GPU')
-  if gpus:
-    return _gpus(gpus)
+  visible_gpus = tf.config.list_logical_devices('GPU')
+  if visible_gpus:
+    return _gpus(visible_gpus)
   cpus = tf.config.list_logical_devices('CPU')
   if len(cpus) > 1:
     strategy = tf.distribute.MirroredStrategy([d.name for d in cpus])
@@ -80,9 +93,53 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
   return Hardware(tf.distribute.get_strategy(), 'CPU', detail='host CPU')
 
 
+def select_gpus(spec, visible):
+  """The indices into `visible` that --gpus names; '' names them all.
+
+  Args:
+    spec: comma-separated GPU indices or names, e.g. '0,2' or 'GPU:1'.
+    visible: the names of the GPUs TensorFlow sees, in index order (after
+      CUDA_VISIBLE_DEVICES), e.g. ['/physical_device:GPU:0'].
+
+  Raises:
+    UserError: a GPU that is not visible, a repeated one, or a malformed name;
+      the message lists the visible GPUs ('none' without any).
+  """
+  if not spec.strip():
+    return list(range(len(visible)))
+  listing = ', '.join(_short_gpu_name(n) for n in visible) or 'none'
+  indices = []
+  for token in (t.strip() for t in spec.split(',')):
+    match = re.fullmatch(r'(?:.*GPU:)?(\d+)', token, re.IGNORECASE)
+    index = int(match.group(1)) if match else None
+    if index is None or index >= len(visible) or index in indices:
+      problem = 'named twice' if index in indices else 'not a visible GPU'
+      raise UserError(f'--gpus={spec}: {token!r} is {problem}; visible GPUs: '
+                      f'{listing}')
+    indices.append(index)
+  return indices
+
+
+def _short_gpu_name(name):
+  return name[name.upper().rindex('GPU:'):] if 'GPU:' in name.upper() else name
+
+
+def _limit_visible_gpus(spec):
+  """Makes only the GPUs --gpus names visible; before TF initialises them."""
+  physical = tf.config.list_physical_devices('GPU')
+  indices = select_gpus(spec, [d.name for d in physical])
+  if len(indices) == len(physical):
+    return
+  try:
+    tf.config.set_visible_devices([physical[i] for i in indices], 'GPU')
+  except RuntimeError as e:  # TF already initialised its devices.
+    raise UserError(f'cannot select --gpus={spec} after TensorFlow started: '
+                    f'{e}') from None
+
+
 def _gpus(gpus):
   details = tf.config.experimental.get_device_details(
-      tf.config.list_physical_devices('GPU')[0])
+      tf.config.get_visible_devices('GPU')[0])
   capability = details.get('compute_capability')
   name = details.get('device_name', 'GPU')
   if len(gpus) == 1:
@@ -135,7 +192,17 @@ def _check_reachable(address, timeout_s=10.0):
     raise UserError(f'TPU {address!r} could not be reached: {e}') from None
 
 
-def _tpu(tpu, zone, project):
+def _tpu(tpu, zone, project, runtime_version):
+  remote = tpu != 'local'
+  if runtime_version:
+    if not remote:
+      raise UserError(
+          f'--tpu_runtime_version={runtime_version} applies to TPU Nodes '
+          '(--tpu=NAME or grpc://); a TPU VM runs the software version it '
+          'was created with')
+    # Before connecting: a version switch restarts the TPU's runtime.
+    tpu_runtime.configure(tpu, tpu_runtime.runtime_version(runtime_version),
+                          zone=zone, project=project)
   if tpu.startswith('grpc://'):
     _check_reachable(tpu)
   try:
@@ -148,7 +215,7 @@ def _tpu(tpu, zone, project):
     raise UserError(f'TPU {tpu!r} could not be reached: {message}')
   strategy = tf.distribute.TPUStrategy(resolver)
   return Hardware(strategy, 'TPU',
-                  num_workers=topology.num_tasks,
+                  num_workers=topology.num_tasks, tpu_workers_remote=remote,
                   detail=(f'{topology.num_tasks} host(s), '
                           f'{topology.num_tasks * topology.num_tpus_per_task} '
                           'TPU cores'))

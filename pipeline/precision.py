@@ -7,11 +7,16 @@ has float32's range.
 """
 
 import keras
+import tensorflow as tf
 
 from pipeline.errors import UserError
 
-POLICIES = ('auto', 'float32', 'mixed_float16', 'mixed_bfloat16', 'float16',
-            'bfloat16')
+# Keras dtype policies ('auto' is resolved per device by choose_policy).
+KERAS_POLICIES = ('auto', 'float32', 'mixed_float16', 'mixed_bfloat16',
+                  'float16', 'bfloat16')
+# Keras stays float32; TensorFlow's graph optimizer rewrites eligible ops.
+REWRITE = 'rewrite'
+POLICIES = KERAS_POLICIES + (REWRITE,)
 
 
 def cpu_has_amx(cpuinfo_path='/proc/cpuinfo'):
@@ -46,18 +51,79 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
                      'here (measured, BUILD_NOTES.md)')
 
 
-def compute_dtype(policy):
+def compute_dtype(policy, device_kind=None):
+  """The dtype the model computes in; for 'rewrite', what the rewrite picks."""
+  if policy == REWRITE:
+    return graph_rewrite_dtype(device_kind)
   return keras.mixed_precision.Policy(policy).compute_dtype
 
 
-def needs_loss_scaling(policy):
+def needs_loss_scaling(policy, device_kind=None):
   """Dynamic loss scaling exactly where the compute dtype is float16."""
-  return compute_dtype(policy) == 'float16'
+  return compute_dtype(policy, device_kind) == 'float16'
 
 
-def wrap_optimizer(optimizer, policy):
+def wrap_optimizer(optimizer, policy, device_kind=None):
   """Adds dynamic loss scaling for float16 compute, never twice."""
-  if (needs_loss_scaling(policy) and
+  if (needs_loss_scaling(policy, device_kind) and
       not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
     return keras.optimizers.LossScaleOptimizer(optimizer)
   return optimizer
+
+
+# --- graph rewrite: TensorFlow's automatic mixed precision -------------------
+
+# The grappler switch per device: float16 with tensor cores on GPUs (the
+# rewrite enable_mixed_precision_graph_rewrite used to turn on), bfloat16
+# through oneDNN on CPUs.
+_REWRITE_OPTIONS = {'GPU': ('auto_mixed_precision', 'float16'),
+                    'CPU': ('auto_mixed_precision_onednn_bfloat16', 'bfloat16')}
+
+
+def keras_policy(policy):
+  """The Keras global policy for `policy`: float32 under the graph rewrite."""
+  return 'float32' if policy == REWRITE else policy
+
+
+def graph_rewrite_dtype(device_kind):
+  """The dtype the graph rewrite computes in on `device_kind`, or UserError."""
+  if device_kind not in _REWRITE_OPTIONS:
+    raise UserError(f'--policy=rewrite does not run on {device_kind}; it '
+                    'needs a GPU or a CPU (TPUs compute in bfloat16 with '
+                    '--policy=mixed_bfloat16)')
+  return _REWRITE_OPTIONS[device_kind][1]
+
+
+def graph_rewrite_reason(device_kind):
+  """One line on what the graph rewrite does on `device_kind`."""
+  dtype = graph_rewrite_dtype(device_kind)
+  how = ('with dynamic loss scaling' if dtype == 'float16' else
+         "(oneDNN's auto mixed precision)")
+  return (f'Keras float32; TensorFlow rewrites eligible ops in the compiled '
+          f'graph to {dtype} {how}')
+
+
+def onednn_enabled():
+  """True if this process's TensorFlow runs oneDNN kernels and rewrites."""
+  # pylint: disable-next=g-import-not-at-top
+  from tensorflow.python.util import _pywrap_util_port
+  return _pywrap_util_port.IsMklEnabled()
+
+
+def enable_graph_rewrite(device_kind):
+  """Turns on grappler's automatic mixed precision for functions run later.
+
+  Process-global, like the Keras policy: every tf.function executed after
+  this call is rewritten (functions compiled with XLA are not: grappler does
+  not run on them). Returns the dtype the rewrite computes in.
+  """
+  dtype = graph_rewrite_dtype(device_kind)  # A one-line error on a TPU.
+  option = _REWRITE_OPTIONS[device_kind][0]
+  if device_kind == 'CPU' and not onednn_enabled():
+    # TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, when it loads, and leaves
+    # oneDNN off on CPUs without AVX-512; the bfloat16 rewrite is oneDNN's.
+    raise UserError('--policy=rewrite on CPU needs oneDNN, which is off in '
+                    'this process; unset TF_ENABLE_ONEDNN_OPTS=0 or start '
+                    'with TF_ENABLE_ONEDNN_OPTS=1')
+  tf.config.optimizer.set_experimental_options({option: True})
+  return dtype

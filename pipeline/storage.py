@@ -29,6 +29,34 @@ def check_writable(workdir):
                     f'{reason.strip().splitlines()[0]}')
 
 
+def remote_tpu_local_paths(config, workdir):
+  """The paths a TPU Node could not reach, as 'key=value' strings.
+
+  A TPU Node's workers run the input pipeline and the file ops on their own
+  hosts, which see Cloud Storage but none of this machine's files.
+  """
+  paths = {'workdir': workdir}
+  if config.dataset == 'tfrecord':
+    paths.update(train_files=config.train_files, eval_files=config.eval_files)
+  else:
+    paths['data_dir'] = config.data_dir  # '' is tfds' local default.
+  if config.cache not in ('memory', ''):
+    paths['cache'] = config.cache  # A file cache prefix, written by workers.
+  return [f'{key}={value!r}' for key, value in paths.items()
+          if not gcs.is_gcs(value)]
+
+
+def check_remote_tpu_paths(config, workdir):
+  """One-line UserError if a TPU Node would be handed a local path."""
+  local = remote_tpu_local_paths(config, workdir)
+  if local:
+    raise UserError(
+        f'a TPU Node\'s workers run on other hosts and read only gs:// paths; '
+        f'local here: {", ".join(local)}; use gs://BUCKET/PATH for each '
+        '(--workdir, --config.data_dir, --config.train_files, '
+        '--config.eval_files, --config.cache)')
+
+
 def write_json(path, obj):
   """Writes `obj` as JSON atomically (temporary file, then rename)."""
   temporary = f'{path}.tmp-{uuid.uuid4().hex}'

@@ -9,6 +9,7 @@ TensorBoard scalars, then evaluate, export and write metrics.json.
 import dataclasses
 import hashlib
 import os
+import resource
 import signal
 import tempfile
 import threading
@@ -44,6 +45,11 @@ class Plan:
   workdir: str  # A local path or gs://bucket/prefix.
   staging_dir: str = '/tmp/pipeline-staging'  # Local copy of a gs:// workdir.
 
+  def steps_per_execution(self, config):
+    """Steps per compiled call: config.steps_per_execution, 0 picked here."""
+    return choose_steps_per_execution(config.steps_per_execution,
+                                      self.hardware.device_kind)[0]
+
   def summary(self, config):
     hw = self.hardware
     per_replica = config.global_batch_size // hw.num_replicas
@@ -55,18 +61,33 @@ class Plan:
         'num_workers': hw.num_workers,
         'policy': self.policy,
         'policy_reason': self.policy_reason,
-        'loss_scaling': precision.needs_loss_scaling(self.policy),
+        'loss_scaling': precision.needs_loss_scaling(self.policy,
+                                                     hw.device_kind),
+        'graph_rewrite': (precision.graph_rewrite_reason(hw.device_kind)
+                          if self.policy == precision.REWRITE else None),
         'xla': self.xla,
         'xla_reason': self.xla_reason,
         'global_batch_size': config.global_batch_size,
         'per_replica_batch_size': per_replica,
-        'steps_per_execution': config.steps_per_execution,
+        'steps_per_execution': self.steps_per_execution(config),
+        'steps_per_execution_reason': choose_steps_per_execution(
+            config.steps_per_execution, hw.device_kind)[1],
         'workdir': self.workdir,
     }
 
 
-def choose_xla(requested, hardware):
+def choose_xla(requested, hardware, policy=None):
   """Returns (on, reason) for --xla=auto|on|off on this hardware."""
+  if policy == precision.REWRITE:
+    precision.graph_rewrite_dtype(hardware.device_kind)  # Refuses a TPU.
+    # Grappler, which does the rewrite, never sees a function XLA compiles.
+    if requested == 'on':
+      raise UserError('--xla=on cannot be combined with --policy=rewrite: '
+                      "TensorFlow's mixed precision rewrite does not run on "
+                      'XLA-compiled functions; use --xla=auto or off, or a '
+                      'mixed_* policy with XLA')
+    return False, ('--policy=rewrite: the graph rewrite does not run on '
+                   'XLA-compiled functions')
   if hardware.device_kind == 'TPU':
     return True, 'TPU programs are always compiled by XLA'
   if requested == 'on':
@@ -81,6 +102,26 @@ def choose_xla(requested, hardware):
   return False, 'CPU: XLA measured 8x slower than TF kernels here'
 
 
+# Steps per execution when the config leaves it at 0. Each execution is one
+# host round trip: on a TPU that is a launch of a whole XLA program (over the
+# network on a TPU Node) for steps of a few milliseconds, so it takes many
+# steps to hide; tensorflow/tpu's EfficientNet ran an epoch per loop
+# (iterations_per_loop). On CPU and GPU a call costs far less than a step and
+# 8 only trims Python overhead; more would delay logs and preemption saves.
+_AUTO_STEPS_PER_EXECUTION = {'TPU': 100, 'GPU': 8, 'CPU': 8}
+
+
+def choose_steps_per_execution(requested, device_kind):
+  """Returns (steps, reason): `requested` if 1 or more, 0 picks per device."""
+  if requested < 0:
+    raise UserError(f'steps_per_execution={requested} must be 1 or more, or '
+                    '0 to pick one for the device')
+  if requested:
+    return requested, 'set in the config'
+  return (_AUTO_STEPS_PER_EXECUTION[device_kind],
+          f'auto for {device_kind}: 100 on TPU, 8 on CPU and GPU')
+
+
 def validate(config, hardware):
   """Raises a one-line UserError for config values that cannot run."""
   replicas = hardware.num_replicas
@@ -88,7 +129,8 @@ def validate(config, hardware):
     raise UserError(f'global_batch_size={config.global_batch_size} does not '
                     f'split over {replicas} replicas; use a multiple of '
                     f'{replicas}')
-  for key in ('epochs', 'steps_per_execution', 'log_every_steps',
+  choose_steps_per_execution(config.steps_per_execution, hardware.device_kind)
+  for key in ('epochs', 'log_every_steps',
               'checkpoint_every_steps', 'keep_checkpoints'):
     if config[key] < 1:
       raise UserError(f'{key}={config[key]} must be 1 or more')
@@ -115,14 +157,17 @@ def _log_plan(summary):
                summary['device_kind'], summary['devices'],
                summary['strategy'], summary['num_replicas'],
                summary['num_workers'])
-  logging.info('Precision: %s (%s); loss scaling %s', summary['policy'],
+  logging.info('Precision: %s (%s%s); loss scaling %s', summary['policy'],
                summary['policy_reason'],
-               'on' if summary['loss_scaling'] else 'off')
+               f'; {summary["graph_rewrite"]}' if summary['graph_rewrite']
+               else '', 'on' if summary['loss_scaling'] else 'off')
   logging.info('XLA: %s (%s)', 'on' if summary['xla'] else 'off',
                summary['xla_reason'])
-  logging.info('Batch: %d global, %d per replica; %d steps per execution',
-               summary['global_batch_size'], summary['per_replica_batch_size'],
-               summary['steps_per_execution'])
+  logging.info('Batch: %d global, %d per replica; %d steps per execution '
+               '(%s)', summary['global_batch_size'],
+               summary['per_replica_batch_size'],
+               summary['steps_per_execution'],
+               summary['steps_per_execution_reason'])
   logging.info('Workdir: %s', summary['workdir'])
 
 
@@ -171,14 +216,19 @@ class Trainer:
 def build_trainer(config, plan, num_classes, total_steps, steps_per_epoch):
   """Sets the policy and seed, then builds everything in the strategy scope."""
   strategy = plan.hardware.strategy
-  keras.mixed_precision.set_global_policy(plan.policy)
+  device_kind = plan.hardware.device_kind
+  keras.mixed_precision.set_global_policy(precision.keras_policy(plan.policy))
+  if plan.policy == precision.REWRITE:
+    # Before anything is traced: grappler rewrites functions as they run.
+    dtype = precision.enable_graph_rewrite(device_kind)
+    logging.info('Graph rewrite: eligible ops compute in %s', dtype)
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
     model = models.build_model(config.model, num_classes, config.image_size,
                                config.dropout_rate, config.batch_norm_momentum)
     optimizer = precision.wrap_optimizer(
         steps_lib.make_optimizer(config, config.global_batch_size, total_steps,
-                                 steps_per_epoch), plan.policy)
+                                 steps_per_epoch), plan.policy, device_kind)
     # Built now, so a checkpoint restores into existing slots.
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
@@ -229,6 +279,23 @@ class Meter:
     return self._rates(*self.total, self.global_batch_size)
 
 
+def epoch_steps(examples_per_epoch, num_train_examples, global_batch_size):
+  """Steps per epoch: examples_per_epoch (0: the training set) / batch.
+
+  An explicit examples_per_epoch must be whole global batches, so runs with
+  different batches (launch.compare) see exactly the same number of examples.
+  """
+  if examples_per_epoch < 0 or examples_per_epoch % global_batch_size:
+    raise UserError(f'examples_per_epoch={examples_per_epoch} must be 0 (the '
+                    'training set) or a multiple of global_batch_size='
+                    f'{global_batch_size}')
+  steps = (examples_per_epoch or num_train_examples) // global_batch_size
+  if steps < 1:
+    raise UserError(f'global_batch_size={global_batch_size} is larger than '
+                    f'the {num_train_examples} training examples')
+  return steps
+
+
 @dataclasses.dataclass(frozen=True)
 class Prepared:
   """What a run resolved before building any model: checked and printed."""
@@ -248,6 +315,8 @@ def prepare(config, plan):
   """
   hardware = plan.hardware
   validate(config, hardware)
+  if hardware.tpu_workers_remote:
+    storage.check_remote_tpu_paths(config, plan.workdir)
   workdir = storage.Workdir(plan.workdir, plan.staging_dir)
   if hardware.is_chief:
     workdir.check()  # For gs://: bucket exists and takes a write, or one line.
@@ -255,10 +324,8 @@ def prepare(config, plan):
   source = data.load_source(config)
   data.check_cache_fits(config, source)
   global_batch = config.global_batch_size
-  steps_per_epoch = source.num_train_examples // global_batch
-  if steps_per_epoch < 1:
-    raise UserError(f'global_batch_size={global_batch} is larger than the '
-                    f'{source.num_train_examples} training examples')
+  steps_per_epoch = epoch_steps(config.get('examples_per_epoch', 0),
+                                source.num_train_examples, global_batch)
   total_steps = config.epochs * steps_per_epoch
   summary = plan.summary(config)
   summary.update(dataset=source.name, train_examples=source.num_train_examples,
@@ -268,10 +335,12 @@ def prepare(config, plan):
                  256)
   _log_plan(summary)
   logging.info('Data: %s, %d classes, %d train / %d eval examples; %d steps '
-               '(%d epochs of %d); peak learning rate %.3g', source.name,
+               '(%d epochs of %d); peak learning rate %.3g = base %g x %d '
+               'global / 256', source.name,
                source.num_classes, source.num_train_examples,
                source.num_eval_examples, total_steps, config.epochs,
-               steps_per_epoch, summary['peak_learning_rate'])
+               steps_per_epoch, summary['peak_learning_rate'],
+               config.base_learning_rate, global_batch)
   return Prepared(workdir, source, steps_per_epoch, total_steps, summary)
 
 
@@ -289,9 +358,12 @@ def train_and_evaluate(config, plan):
 
   trainer = build_trainer(config, plan, source.num_classes, total_steps,
                           steps_per_epoch)
-  checkpointer = Checkpointer(workdir, config.keep_checkpoints,
-                              hardware.is_chief, model=trainer.model,
-                              optimizer=trainer.optimizer, step=trainer.step)
+  # Before restoring: the seed's weights, equal across policies and batches.
+  initial_weights_sha256 = _weights_digest(trainer.model)
+  checkpointer = Checkpointer(
+      workdir, config.keep_checkpoints, hardware.is_chief,
+      io_device='/job:localhost' if hardware.tpu_workers_remote else None,
+      model=trainer.model, optimizer=trainer.optimizer, step=trainer.step)
   checkpointer.restore_latest()
   initial_step = int(trainer.step.numpy())
 
@@ -323,7 +395,7 @@ def train_and_evaluate(config, plan):
   warned_input_bound = False
   current = initial_step
   while current < total_steps:
-    num_steps = min(config.steps_per_execution, total_steps - current)
+    num_steps = min(plan.steps_per_execution(config), total_steps - current)
     start = time.perf_counter()
     out = {k: float(v) for k, v in
            _run(trainer.train_fn, iterator, num_steps, config,
@@ -401,7 +473,7 @@ def train_and_evaluate(config, plan):
       'dataset': source.name,
       'image_size': config.image_size,
       'global_batch_size': global_batch,
-      'steps_per_execution': config.steps_per_execution,
+      'steps_per_execution': plan.steps_per_execution(config),
       'initial_step': initial_step,
       'train_steps': total_steps - initial_step,
       'total_steps': total_steps,
@@ -417,6 +489,12 @@ def train_and_evaluate(config, plan):
       'eval_examples': int(final['examples']),
       'export_dir': export_dir,
       'weights_sha256': _weights_digest(trainer.model),
+      'initial_weights_sha256': initial_weights_sha256,
+      'seed': config.seed,
+      'epochs': config.epochs,
+      'steps_per_epoch': steps_per_epoch,
+      'examples_per_epoch': steps_per_epoch * global_batch,
+      **peak_memory(hardware.device_kind),
   }
   if hardware.is_chief:
     eval_writer.flush()
@@ -452,6 +530,20 @@ class _SigtermFlag:
   def restore(self):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+
+
+def peak_memory(device_kind):
+  """This process's peak memory: the accelerator's, else the host's RSS."""
+  if device_kind in ('GPU', 'TPU'):
+    try:
+      info = tf.config.experimental.get_memory_info(f'{device_kind}:0')
+      return {'peak_memory_bytes': int(info['peak']),
+              'peak_memory_kind': f'{device_kind}:0 device'}
+    except (ValueError, tf.errors.OpError):
+      pass  # Not tracked on this device: the host figure still says something.
+  # ru_maxrss is in KiB on Linux.
+  rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return {'peak_memory_bytes': rss_kib * 1024, 'peak_memory_kind': 'host RSS'}
 
 
 def _weights_digest(model):

@@ -20,7 +20,7 @@ def test_the_issue_keys_exist_in_the_default():
   for key in ('dataset', 'model', 'image_size', 'global_batch_size', 'epochs',
               'steps_per_execution'):
     assert key in config
-  assert config.steps_per_execution > 1
+  assert config.steps_per_execution >= 0  # 0: picked per device.
 
 
 @pytest.mark.parametrize('name', CONFIGS)

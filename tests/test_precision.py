@@ -1,11 +1,19 @@
 """The policy table, loss scaling placement, and float32 outputs."""
 
+import json
+import os
+import subprocess
+import sys
+import types
+
 import keras
 import numpy as np
 import pytest
 
+from conftest import REPO
 from pipeline import models
 from pipeline import precision
+from pipeline import train
 from pipeline.errors import UserError
 
 
@@ -53,7 +61,7 @@ def test_amx_detection_reads_cpu_flags(tmp_path):
   assert not precision.cpu_has_amx(str(tmp_path / 'missing'))
 
 
-@pytest.mark.parametrize('policy', precision.POLICIES[1:])
+@pytest.mark.parametrize('policy', precision.KERAS_POLICIES[1:])
 def test_model_outputs_float32_under_every_policy(policy):
   keras.mixed_precision.set_global_policy(policy)
   try:
@@ -74,3 +82,101 @@ def test_model_outputs_float32_under_every_policy(policy):
 def test_unknown_model_is_rejected():
   with pytest.raises(UserError, match=r"'efficientnet_b9'.*efficientnet_b7"):
     models.build_model('efficientnet_b9', 10, 32)
+
+
+# Trains the project's compiled multi-step function on a small conv net,
+# first as it is, then with the graph rewrite on, and reports the dtype of
+# every Conv2D/MatMul node in the graphs TensorFlow actually ran.
+_REWRITE_PROBE = r'''
+import collections, json, sys
+sys.argv = ['probe', '--policy=rewrite']
+from launch import cli  # Sets TF_ENABLE_ONEDNN_OPTS before TF loads.
+import keras, numpy as np, tensorflow as tf
+from tensorflow.python.eager import context
+from pipeline import precision, steps
+
+def run_and_list_dtypes():
+  keras.utils.set_random_seed(0)
+  images = keras.Input((8, 8, 3), dtype='uint8')
+  x = keras.layers.Rescaling(1 / 255)(images)
+  x = keras.layers.Conv2D(8, 3, activation='relu')(x)
+  x = keras.layers.BatchNormalization()(x)
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  x = keras.layers.Dense(16, activation='relu')(x)
+  model = keras.Model(images, keras.layers.Dense(4, dtype='float32')(x))
+  optimizer = keras.optimizers.SGD(0.1)
+  optimizer.build(model.trainable_variables)
+  train = steps.make_train_function(
+      model, optimizer, tf.distribute.get_strategy(), 8, 4, 0.0,
+      tf.Variable(0, dtype=tf.int64), jit_compile=False)
+  data = tf.data.Dataset.from_tensors(
+      (np.zeros((8, 8, 8, 3), np.uint8), np.zeros(8, np.int32))).repeat()
+  context.enable_run_metadata()
+  loss = float(train(iter(data), tf.constant(2))['loss'])
+  metadata = context.export_run_metadata()
+  context.disable_run_metadata()
+  found = collections.Counter()
+  for function in metadata.function_graphs:
+    for graph in [function.post_optimization_graph, *function.partition_graphs]:
+      for node in graph.node:
+        if 'Conv2D' in node.op or 'MatMul' in node.op:
+          dtype = tf.dtypes.as_dtype(node.attr['T'].type).name
+          found[f'{node.op}:{dtype}'] += 1
+  return {'dtypes': dict(found), 'loss': loss,
+          'keras_dtypes': sorted({l.compute_dtype for l in model.layers[1:]})}
+
+result = {'float32': run_and_list_dtypes()}
+result['target'] = precision.enable_graph_rewrite('CPU')
+result['rewrite'] = run_and_list_dtypes()
+result['onednn'] = precision.onednn_enabled()
+print(json.dumps(result))
+'''
+
+
+def test_graph_rewrite_changes_op_dtypes_in_the_compiled_graph():
+  """--policy=rewrite on CPU: Conv2D and MatMul really run in bfloat16.
+
+  In a fresh process: oneDNN is switched on as TensorFlow loads, and the
+  grappler option is process-global.
+  """
+  env = {k: v for k, v in os.environ.items() if k != 'TF_ENABLE_ONEDNN_OPTS'}
+  result = subprocess.run([sys.executable, '-c', _REWRITE_PROBE], cwd=REPO,
+                          env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  assert report['onednn'] and report['target'] == 'bfloat16'
+  before, after = report['float32']['dtypes'], report['rewrite']['dtypes']
+  assert before and all(k.endswith(':float32') for k in before), before
+  for op in ('Conv2D', 'MatMul', 'Conv2DBackpropFilter'):
+    assert after.get(f'{op}:bfloat16', 0) > 0, after
+  # Keras itself stays float32: the rewrite happens below it.
+  assert report['rewrite']['keras_dtypes'] == ['float32']
+  assert np.isfinite(report['rewrite']['loss'])
+
+
+@pytest.mark.parametrize('device_kind, dtype, scaled', [
+    ('CPU', 'bfloat16', False), ('GPU', 'float16', True)])
+def test_rewrite_policy_per_device(device_kind, dtype, scaled):
+  assert precision.keras_policy('rewrite') == 'float32'
+  assert precision.compute_dtype('rewrite', device_kind) == dtype
+  assert precision.needs_loss_scaling('rewrite', device_kind) == scaled
+  optimizer = precision.wrap_optimizer(keras.optimizers.SGD(0.1), 'rewrite',
+                                       device_kind)
+  assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == scaled
+  assert dtype in precision.graph_rewrite_reason(device_kind)
+
+
+def test_rewrite_refuses_tpu_and_xla():
+  with pytest.raises(UserError, match='TPU.*mixed_bfloat16'):
+    precision.graph_rewrite_dtype('TPU')
+  cpu = types.SimpleNamespace(device_kind='CPU', num_replicas=1)
+  gpu = types.SimpleNamespace(device_kind='GPU', num_replicas=1)
+  tpu = types.SimpleNamespace(device_kind='TPU', num_replicas=8)
+  assert train.choose_xla('auto', gpu, 'rewrite')[0] is False
+  assert train.choose_xla('off', cpu, 'rewrite')[0] is False
+  assert train.choose_xla('auto', gpu, 'mixed_float16')[0] is True
+  with pytest.raises(UserError, match='--xla=on cannot be combined'):
+    train.choose_xla('on', gpu, 'rewrite')
+  with pytest.raises(UserError, match='does not run on TPU'):
+    train.choose_xla('auto', tpu, 'rewrite')

@@ -13,9 +13,13 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from conftest import REPO, run_train, tiny_args
+from configs import default
 from pipeline import devices
+from pipeline import storage
+from pipeline import train
 from pipeline.errors import UserError
 
 
@@ -79,7 +83,9 @@ def test_dry_run_resolves_and_stops_before_the_model(tmp_path, tfds_dir):
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'dry run: everything checks out' in result.stdout
   for line in ('MirroredStrategy, 2 replica(s)', 'Batch: 64 global, 32 per '
-               'replica', 'Data: sklearn_digits, 10 classes, 1438 train'):
+               'replica; 8 steps per execution (auto for CPU',
+               'Data: sklearn_digits, 10 classes, 1438 train',
+               'peak learning rate 0.0025 = base 0.01 x 64 global / 256'):
     assert line in result.stderr
   assert 'First execution' not in result.stderr
   assert os.listdir(workdir) == []  # Checked for writing, nothing written.
@@ -92,6 +98,89 @@ def test_dry_run_fails_in_one_line_for_a_bad_setup(tmp_path, tfds_dir):
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   assert 'error: global_batch_size=65 does not split over 2 replicas' in (
       result.stderr)
+
+
+def test_dry_run_names_the_visible_gpus_for_a_bad_gpus_flag(tmp_path):
+  result = run_train(f'--workdir={tmp_path}', '--gpus=3', '--dry_run',
+                     timeout=300)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert errors == ["error: --gpus=3: '3' is not a visible GPU; visible "
+                    'GPUs: none'], result.stderr[-2000:]
+
+
+_GPUS = [f'/physical_device:GPU:{i}' for i in range(4)]
+
+
+@pytest.mark.parametrize('spec, visible, chosen', [
+    ('', _GPUS, [0, 1, 2, 3]), ('', [], []), ('0,2', _GPUS, [0, 2]),
+    (' 3 , GPU:1', _GPUS, [3, 1]), ('/device:gpu:2', _GPUS, [2])])
+def test_select_gpus(spec, visible, chosen):
+  assert devices.select_gpus(spec, visible) == chosen
+
+
+@pytest.mark.parametrize('spec, visible, problem', [
+    ('3', [], "'3' is not a visible GPU; visible GPUs: none"),
+    ('4', _GPUS, "'4' is not a visible GPU; visible GPUs: GPU:0, GPU:1, "
+     'GPU:2, GPU:3'),
+    ('1,1', _GPUS, "'1' is named twice"), ('a', _GPUS, "'a' is not a visible"),
+])
+def test_select_gpus_refuses_what_is_not_there(spec, visible, problem):
+  with pytest.raises(UserError, match=problem):
+    devices.select_gpus(spec, visible)
+
+
+@pytest.mark.parametrize('requested, kind, steps', [
+    (0, 'TPU', 100), (0, 'GPU', 8), (0, 'CPU', 8), (4, 'TPU', 4),
+    (1, 'CPU', 1)])
+def test_steps_per_execution_auto_and_explicit(requested, kind, steps):
+  chosen, reason = train.choose_steps_per_execution(requested, kind)
+  assert chosen == steps
+  assert ('auto' in reason) == (requested == 0)
+
+
+def test_steps_per_execution_below_zero_is_refused():
+  with pytest.raises(UserError, match='steps_per_execution=-1 must be'):
+    train.choose_steps_per_execution(-1, 'CPU')
+
+
+def _config(**fields):
+  config = default.get_config()
+  config.update(fields)
+  return config
+
+
+@pytest.mark.parametrize('config, workdir, local', [
+    (_config(data_dir='gs://b/tfds'), 'gs://b/run', []),
+    (_config(data_dir='gs://b/tfds'), '/tmp/run', ["workdir='/tmp/run'"]),
+    (_config(), 'gs://b/run', ["data_dir=''"]),
+    (_config(dataset='tfrecord', train_files='gs://b/train-*',
+             eval_files='/data/eval-*', data_dir='/ignored'), 'gs://b/run',
+     ["eval_files='/data/eval-*'"]),
+    (_config(data_dir='gs://b/tfds', cache='/tmp/cache'), 'gs://b/run',
+     ["cache='/tmp/cache'"]),
+])
+def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
+  assert storage.remote_tpu_local_paths(config, workdir) == local
+
+
+def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):
+  """prepare() (the dry run) on a TPU Node's Hardware.
+
+  No TPU can exist here: the Hardware is what devices.resolve returns for
+  --tpu=NAME once a TPU answered, over this host's default strategy. The
+  check runs before the workdir is touched.
+  """
+  hardware = devices.Hardware(tf.distribute.get_strategy(), 'TPU',
+                              tpu_workers_remote=True, detail='TPU Node')
+  plan = train.Plan(hardware, 'mixed_bfloat16', 'TPU', True, 'TPU',
+                    str(tmp_path / 'run'))
+  with pytest.raises(UserError) as error:
+    train.prepare(_config(data_dir='gs://b/tfds'), plan)
+  assert str(error.value).startswith("a TPU Node's workers run on other hosts "
+                                     'and read only gs:// paths; local here: '
+                                     f"workdir='{tmp_path}/run'")
+  assert not (tmp_path / 'run').exists()
 
 
 @pytest.mark.parametrize('tpu', ['missing-name', 'local',

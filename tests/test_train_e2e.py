@@ -150,7 +150,7 @@ def _tree_digest(root):
     (['--config.dataset=no_such_set'], "'no_such_set'"),
     (['--config.model=efficientnet_b9'], "'efficientnet_b9'"),
     (['--config.no_such_key=1'], "'no_such_key'"),
-    (['--config.steps_per_execution=0'], 'steps_per_execution=0'),
+    (['--config.steps_per_execution=-1'], 'steps_per_execution=-1'),
     (['--config=configs/no_such_config.py'], 'configs/no_such_config.py'),
     (['--config.model=efficientnet_b1'], 'efficientnet_b1'),  # Another run's workdir.
 ])
