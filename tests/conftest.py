@@ -33,12 +33,17 @@ def tfds_dir(tmp_path_factory):
   return path
 
 
-def run_train(*args, env=None, timeout=600):
-  """Runs `python -m launch.train ARGS` in a fresh process."""
+def run_module(module, *args, env=None, timeout=600):
+  """Runs `python -m MODULE ARGS` in a fresh process, output captured."""
   full_env = dict(os.environ, **(env or {}))
-  return subprocess.run([sys.executable, '-m', 'launch.train', *args],
+  return subprocess.run([sys.executable, '-m', module, *args],
                         cwd=REPO, env=full_env, capture_output=True, text=True,
                         timeout=timeout, check=False)
+
+
+def run_train(*args, env=None, timeout=600):
+  """Runs `python -m launch.train ARGS` in a fresh process."""
+  return run_module('launch.train', *args, env=env, timeout=timeout)
 
 
 def tiny_args(workdir, tfds_dir, *extra):

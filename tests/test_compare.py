@@ -8,29 +8,25 @@ the planning rules are checked without training.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import run_module
+from conftest import tiny_args
 from pipeline import compare
 from pipeline import train
 from pipeline.errors import UserError
 
 
 def run_compare(*args, timeout=600):
-  """Runs `python -m launch.compare ARGS` in a fresh process."""
-  return subprocess.run([sys.executable, '-m', 'launch.compare', *args],
-                        cwd=REPO, capture_output=True, text=True,
-                        timeout=timeout, check=False)
+  return run_module('launch.compare', *args, timeout=timeout)
 
 
 def _tiny(root, tfds_dir, *extra):
-  return (f'--workdir={root}', f'--config.data_dir={tfds_dir}',
-          '--config.train_split=train[:256]', '--config.global_batch_size=32',
-          '--config.epochs=1', '--config.steps_per_execution=2',
-          '--config.log_every_steps=2', '--config.eval_every_epochs=0', *extra)
+  return tiny_args(root, tfds_dir, '--config.epochs=1',
+                   '--config.steps_per_execution=2',
+                   '--config.log_every_steps=2', *extra)
 
 
 @pytest.fixture(scope='module')

@@ -1,28 +1,20 @@
 """A user's TFRecord directory, end to end: export, train, benchmark."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, run_train
+from conftest import run_module, run_train
 from pipeline import tfrecords
-
-
-def _run_module(module, *args, timeout=600):
-  return subprocess.run([sys.executable, '-m', module, *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout,
-                        check=False)
 
 
 @pytest.fixture(scope='module')
 def jpeg_dir(tmp_path_factory, tfds_dir):
   """Digits as JPEG TFRecords with ImageNet's 1-based labels, plus a bad file."""
   root = tmp_path_factory.mktemp('jpeg')
-  result = _run_module('launch.make_tfrecords', f'--output_dir={root}',
-                       f'--data_dir={tfds_dir}', '--splits=train[:256],test',
-                       '--num_files=3', '--label_offset=1', '--image_size=40')
+  result = run_module('launch.make_tfrecords', f'--output_dir={root}',
+                      f'--data_dir={tfds_dir}', '--splits=train[:256],test',
+                      '--num_files=3', '--label_offset=1', '--image_size=40')
   assert result.returncode == 0, result.stderr[-2000:]
   tfrecords.write(str(root / 'train-bad'),
                   [tfrecords.serialize(b'\xff\xd8 truncated jpeg', 3)])
@@ -75,11 +67,11 @@ def test_missing_files_pattern_is_one_line(tmp_path):
 
 def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
   output = tmp_path / 'bench.json'
-  result = _run_module('launch.benchmark', *_tfrecord_flags(jpeg_dir),
-                       '--config.global_batch_size=16',
-                       '--config.steps_per_execution=2',
-                       '--config.augment=inception', '--num_executions=2',
-                       f'--output={output}')
+  result = run_module('launch.benchmark', *_tfrecord_flags(jpeg_dir),
+                      '--config.global_batch_size=16',
+                      '--config.steps_per_execution=2',
+                      '--config.augment=inception', '--num_executions=2',
+                      f'--output={output}')
   assert result.returncode == 0, result.stderr[-3000:]
   figures = json.loads(output.read_text())
   for key in ('input_cold_images_per_sec', 'input_warm_images_per_sec',
