@@ -113,6 +113,9 @@ def test_sigterm_commits_a_final_checkpoint(emulator, tfds_dir, tmp_path):
   assert len(steps) == 1 and steps[0] >= 4  # Only the preemption save.
 
 
+# Two minutes of a run waiting out a server outage: the slow tier. The
+# persistent outage is covered fast in test_checkpoint.py.
+@pytest.mark.slow
 def test_gcs_outage_during_a_run_is_survived(emulator, tfds_dir, tmp_path):
   process = _start(_args('outage', tmp_path, tfds_dir), emulator)
   try:
