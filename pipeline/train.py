@@ -53,6 +53,8 @@ class Plan:
   def summary(self, config):
     hw = self.hardware
     per_replica = config.global_batch_size // hw.num_replicas
+    steps, steps_reason = choose_steps_per_execution(
+        config.steps_per_execution, hw.device_kind)
     return {
         'device_kind': hw.device_kind,
         'devices': hw.detail,
@@ -69,9 +71,8 @@ class Plan:
         'xla_reason': self.xla_reason,
         'global_batch_size': config.global_batch_size,
         'per_replica_batch_size': per_replica,
-        'steps_per_execution': self.steps_per_execution(config),
-        'steps_per_execution_reason': choose_steps_per_execution(
-            config.steps_per_execution, hw.device_kind)[1],
+        'steps_per_execution': steps,
+        'steps_per_execution_reason': steps_reason,
         'workdir': self.workdir,
     }
 
@@ -394,8 +395,9 @@ def train_and_evaluate(config, plan):
   meter = Meter(global_batch)
   warned_input_bound = False
   current = initial_step
+  steps_per_execution = plan.steps_per_execution(config)
   while current < total_steps:
-    num_steps = min(plan.steps_per_execution(config), total_steps - current)
+    num_steps = min(steps_per_execution, total_steps - current)
     start = time.perf_counter()
     out = {k: float(v) for k, v in
            _run(trainer.train_fn, iterator, num_steps, config,
@@ -473,7 +475,7 @@ def train_and_evaluate(config, plan):
       'dataset': source.name,
       'image_size': config.image_size,
       'global_batch_size': global_batch,
-      'steps_per_execution': plan.steps_per_execution(config),
+      'steps_per_execution': steps_per_execution,
       'initial_step': initial_step,
       'train_steps': total_steps - initial_step,
       'total_steps': total_steps,
