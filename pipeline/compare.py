@@ -17,6 +17,7 @@ import time
 
 from pipeline import data
 from pipeline import precision
+from pipeline import storage
 from pipeline.errors import UserError
 
 BASELINE = 'float32'
@@ -155,17 +156,9 @@ def child_command(run, forwarded_args, examples_per_epoch):
   return [sys.executable, '-m', 'launch.train', *forwarded_args, *own]
 
 
-def _read_json(path):
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
 def finished_metrics(run, examples_per_epoch, epochs):
   """The run's metrics.json if it already finished this exact run, else None."""
-  metrics = _read_json(run.metrics_path)
+  metrics = storage.read_json(run.metrics_path)
   expected = {'policy': run.policy, 'seed': run.seed,
               'global_batch_size': run.global_batch_size,
               'examples_per_epoch': examples_per_epoch, 'epochs': epochs}
@@ -191,7 +184,7 @@ def train_one(run, command):
     log.write(f'$ {" ".join(command)}\n')
     log.flush()
     code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
-  metrics = _read_json(run.metrics_path) if code == 0 else None
+  metrics = storage.read_json(run.metrics_path) if code == 0 else None
   if metrics is None:
     reason = (f'exit {code}' if code else 'no metrics.json written')
     detail = _last_error_line(run.log_path)
@@ -314,8 +307,7 @@ def _notes(rows, digests, examples_per_epoch, epochs):
 
 def write_reports(root, summary):
   """comparison.md and comparison.json in the root."""
-  with open(os.path.join(root, 'comparison.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
+  storage.write_json(os.path.join(root, 'comparison.json'), summary)
   text = (f'# Precision comparison\n\n{summary["table"]}\n\n' +
           '\n'.join(f'- {n}' for n in summary['notes']) + '\n')
   with open(os.path.join(root, 'comparison.md'), 'w') as f:
