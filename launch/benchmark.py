@@ -12,11 +12,17 @@ flags as launch.train.
 import json
 import sys
 
+from pipeline import environment
+
+environment.prepare(sys.argv)  # Before TensorFlow loads.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
 
 from launch import cli
 from pipeline import benchmark
+from pipeline import plan
 from pipeline.errors import UserError
 
 _EXECUTIONS = flags.DEFINE_integer(
@@ -29,7 +35,8 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = cli.load_config()
   try:
-    result = benchmark.run(config, cli.resolve_plan(config), _EXECUTIONS.value)
+    run_plan = plan.resolve(config, cli.request(config, workdir_default=False))
+    result = benchmark.run(config, run_plan, _EXECUTIONS.value)
   except UserError as e:
     sys.exit(f'error: {e}')
   print(benchmark.table(result))

@@ -1,28 +1,21 @@
 """Flags shared by the launchers, and one-line errors for flag mistakes.
 
 Importing this module defines --config (with --config.KEY=VALUE overrides),
-the hardware flags and --policy/--xla; `resolve_plan()` turns them into the
-pipeline's Plan.
+the run flags (hardware, --policy, --xla, --workdir); `request()` turns them
+into a plan.Request. Launchers call pipeline.environment.prepare(sys.argv)
+before importing this module: it imports TensorFlow.
 """
 
 import os
 import re
 import sys
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Before TensorFlow loads.
-# --policy=rewrite on CPU is oneDNN's bfloat16 rewrite. TensorFlow reads this
-# switch once, as it loads, and leaves oneDNN off on CPUs without AVX-512.
-if '--policy=rewrite' in sys.argv or ('--policy', 'rewrite') in zip(
-    sys.argv, sys.argv[1:]):
-  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
-
-from absl import flags  # pylint: disable=g-import-not-at-top
+from absl import flags
 from ml_collections import config_flags
 import tensorflow as tf
 
-from pipeline import devices
+from pipeline import plan
 from pipeline import precision
-from pipeline import train
 
 
 def config_error(error, argv):
@@ -98,6 +91,10 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
     'num_cpu_devices', 1, 'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
     'accelerators.')
+# What launch.compare passes on to every run it starts.
+HARDWARE_FLAGS = (TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
+                  XLA, COLLECTIVE, COLLECTIVE_TIMEOUT_S, STAGING_DIR,
+                  NUM_CPU_DEVICES)
 
 
 def load_config():
@@ -110,19 +107,37 @@ def load_config():
   return config
 
 
-def resolve_plan(config):
-  """Hardware, strategy, policy and XLA from the flags; may raise UserError."""
+def request(config, workdir_default=True):
+  """The plan.Request the flags ask for; no workdir if not `workdir_default`
+  and --workdir is not given."""
   # tf.distribute logs every all-reduce it plans at INFO: noise, not progress.
   tf.get_logger().setLevel('WARNING')
-  workdir = WORKDIR.value or os.path.join(
-      'runs', f'{config.model}_{config.dataset}')
-  hardware = devices.resolve(TPU.value, TPU_ZONE.value, GCP_PROJECT.value,
-                             NUM_CPU_DEVICES.value, COLLECTIVE.value,
-                             COLLECTIVE_TIMEOUT_S.value, GPUS.value,
-                             TPU_RUNTIME_VERSION.value)
-  policy, policy_reason = precision.choose_policy(
-      POLICY.value, hardware.device_kind, hardware.gpu_compute_capability,
-      precision.cpu_has_amx())
-  xla, xla_reason = train.choose_xla(XLA.value, hardware, policy)
-  return train.Plan(hardware, policy, policy_reason, xla, xla_reason, workdir,
-                    STAGING_DIR.value)
+  workdir = WORKDIR.value
+  if workdir is None and workdir_default:
+    workdir = os.path.join('runs', f'{config.model}_{config.dataset}')
+  return plan.Request(
+      workdir=workdir, staging_dir=STAGING_DIR.value, policy=POLICY.value,
+      xla=XLA.value, tpu=TPU.value, tpu_zone=TPU_ZONE.value,
+      gcp_project=GCP_PROJECT.value,
+      tpu_runtime_version=TPU_RUNTIME_VERSION.value, gpus=GPUS.value,
+      num_cpu_devices=NUM_CPU_DEVICES.value, collective=COLLECTIVE.value,
+      collective_timeout_s=COLLECTIVE_TIMEOUT_S.value)
+
+
+def config_args():
+  """--config=FILE and its --config.KEY=VALUE overrides, as parsed."""
+  flag = flags.FLAGS['config']
+  overrides = config_flags.get_override_values(flag)
+  given = ([f'--config={config_flags.get_config_filename(flag)}']
+           if flag.present else [])
+  return given + [f'--config.{key}={_flag_value(value)}'
+                  for key, value in sorted(overrides.items())]
+
+
+def hardware_args():
+  """The hardware flags given on the command line, as arguments."""
+  return [holder.serialize() for holder in HARDWARE_FLAGS if holder.present]
+
+
+def _flag_value(value):
+  return str(value).lower() if isinstance(value, bool) else str(value)

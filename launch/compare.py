@@ -14,6 +14,11 @@ comparison.png there; rerunning reuses finished runs and resumes the others.
 
 import sys
 
+from pipeline import environment
+
+environment.prepare(sys.argv)  # Before TensorFlow loads.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
 import tensorflow as tf
@@ -51,7 +56,7 @@ def main(argv):
         double_batch_16bit=DOUBLE_BATCH_16BIT.value,
         root=cli.WORKDIR.value or f'runs/compare_{config.model}_'
         f'{config.dataset}',
-        forwarded_args=compare.forwarded_args(sys.argv[1:]),
+        forwarded_args=cli.config_args() + cli.hardware_args(),
         command=('python', '-m', 'launch.compare', *sys.argv[1:]))
     all_ran = compare.run_comparison(request, config)
   except UserError as e:

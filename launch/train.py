@@ -7,9 +7,15 @@
 
 import sys
 
+from pipeline import environment
+
+environment.prepare(sys.argv)  # Before TensorFlow loads.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 
 from launch import cli
+from pipeline import plan as plan_lib
 from pipeline import train
 from pipeline.errors import Preempted
 from pipeline.errors import UserError
@@ -23,9 +29,8 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = cli.load_config()
   try:
-    plan = cli.resolve_plan(config)
+    plan = plan_lib.resolve(config, cli.request(config))
     if cli.DRY_RUN.value:
-      train.prepare(config, plan)
       print('dry run: everything checks out; the run would start')
       return
     train.train_and_evaluate(config, plan)

@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from pipeline import data
-from pipeline import train
+from pipeline import trainer as trainer_lib
 
 
 def input_throughput(config, source, global_batch_size, max_batches):
@@ -37,36 +37,32 @@ def input_throughput(config, source, global_batch_size, max_batches):
 
 
 def _timed_executions(trainer, iterator, steps_per_execution, executions):
-  """(compile_s, images/s, input wait fraction) for `executions` calls."""
-  run = lambda: trainer.train_fn(iterator, tf.constant(steps_per_execution))
+  """Seconds of the first call (compile), then of `executions` timed calls,
+  and the input wait fraction of those: (compile_s, seconds, fraction)."""
   start = time.perf_counter()
-  float(run()['loss'])
+  trainer.train(iterator, steps_per_execution)
   compile_s = time.perf_counter() - start
   seconds = wait_s = 0.0
   for _ in range(executions):
     start = time.perf_counter()
-    out = run()
-    float(out['loss'])
+    out = trainer.train(iterator, steps_per_execution)
     seconds += time.perf_counter() - start
-    wait_s += float(out['input_wait_s'])
+    wait_s += out['input_wait_s']
   return compile_s, seconds, wait_s / seconds
 
 
 def run(config, plan, executions):
   """Measures the three throughputs; returns the figures as a dict."""
   strategy = plan.hardware.strategy
-  source = data.load_source(config)
-  data.check_cache_fits(config, source)
-  batch = config.global_batch_size
-  spe = plan.steps_per_execution(config)  # Config 0: picked per device.
+  source = plan.source
+  batch = plan.global_batch_size
+  spe = plan.steps_per_execution
   images_per_execution = batch * spe * executions
   logging.info('Input alone: two passes of up to %d batches of %d',
                executions * spe, batch)
   cold, warm = input_throughput(config, source, batch, executions * spe)
 
-  steps = max(executions * spe * 3, 10)
-  trainer = train.build_trainer(config, plan, source.num_classes, steps,
-                                max(steps // 10, 1))
+  trainer = trainer_lib.build(config, plan)
   size = config.image_size
   rng = np.random.RandomState(0)
   images = rng.randint(0, 256, (batch, size, size, 3)).astype(np.uint8)

@@ -22,6 +22,13 @@ from pipeline import tpu_runtime
 from pipeline.errors import UserError
 
 
+_STRATEGY_NAMES = (
+    (tf.distribute.MultiWorkerMirroredStrategy, 'MultiWorkerMirroredStrategy'),
+    (tf.distribute.TPUStrategy, 'TPUStrategy'),
+    (tf.distribute.MirroredStrategy, 'MirroredStrategy'),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Hardware:
   """The resolved devices and the strategy that spans them."""
@@ -38,8 +45,12 @@ class Hardware:
 
   @property
   def strategy_name(self):
-    name = type(self.strategy).__name__
-    return 'DefaultStrategy' if name == '_DefaultDistributionStrategy' else name
+    """The strategy as users know it (MultiWorkerMirroredStrategy's class is
+    CollectiveAllReduceStrategy inside TensorFlow)."""
+    for cls, name in _STRATEGY_NAMES:
+      if isinstance(self.strategy, cls):
+        return name
+    return 'DefaultStrategy'
 
   @property
   def num_replicas(self):

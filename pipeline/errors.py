@@ -1,7 +1,9 @@
-"""The one exception type for mistakes a user can fix.
+"""Exceptions the launchers turn into a one-line message and an exit code.
 
-The launchers turn a UserError into a one-line message and a non-zero exit,
-with no traceback; anything else is a bug and keeps its traceback.
+UserError is a mistake the user can fix (a bad flag, config value, path or
+environment): one line and exit status 1. Preempted is a SIGTERM that was
+handled: a checkpoint was committed, exit status 143. Anything else is a bug
+and keeps its traceback.
 """
 
 

@@ -1,8 +1,9 @@
 """Google Cloud Storage through the google-cloud-storage client.
 
-TF's own gs:// file system has its endpoints compiled in (guide §7); the
-client honours STORAGE_EMULATOR_HOST, so the tests run against a real GCS
-server on loopback. Credentials are Application Default Credentials; the
+TF's own gs:// file system has its endpoints compiled in: no environment
+variable points it at an emulator (BUILD_NOTES.md). The client honours
+STORAGE_EMULATOR_HOST, so the tests run against a real GCS server on
+loopback. Credentials are Application Default Credentials; the
 client finds them, and nothing here ever prints or logs them.
 
 Every call retries 429, 5xx and dropped connections with exponential backoff

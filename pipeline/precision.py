@@ -6,6 +6,10 @@ dtype is float16: its range is too small for small gradients, while bfloat16
 has float32's range.
 """
 
+import dataclasses
+from typing import Optional
+
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -34,6 +38,14 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
   if requested not in POLICIES:
     raise UserError(f'unknown policy {requested!r}; accepted: '
                     f'{", ".join(POLICIES)}')
+  if requested == REWRITE:
+    graph_rewrite_dtype(device_kind)  # A one-line error on a TPU.
+  if device_kind == 'TPU' and requested in ('mixed_float16', 'float16'):
+    # TPUs compute in bfloat16, not float16: "use mixed_bfloat16 on TPUs"
+    # (https://www.tensorflow.org/guide/mixed_precision).
+    raise UserError(f'--policy={requested} does not run on a TPU, which '
+                    'computes in bfloat16; use --policy=mixed_bfloat16 '
+                    '(or auto)')
   if requested != 'auto':
     return requested, 'asked for with --policy'
   if device_kind == 'TPU':
@@ -49,6 +61,62 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
     return 'mixed_bfloat16', 'CPU has AMX bfloat16 units'
   return 'float32', ('CPU without AMX: bfloat16 runs no faster than float32 '
                      'here (measured, BUILD_NOTES.md)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+  """The resolved policy: what computes in which dtype, and why."""
+  policy: str  # One of POLICIES but 'auto'.
+  reason: str
+  compute_dtype: str
+  loss_scaling: bool
+  graph_rewrite: Optional[str] = None  # What the rewrite does, if it is on.
+
+  @property
+  def sixteen_bit(self):
+    return is_16bit(self.policy, self.compute_dtype)
+
+
+def resolve(requested, device_kind, gpu_compute_capability=None):
+  """The Precision for --policy=`requested` on this hardware, or UserError."""
+  policy, reason = choose_policy(requested, device_kind,
+                                 gpu_compute_capability, cpu_has_amx())
+  return Precision(
+      policy, reason, compute_dtype(policy, device_kind),
+      needs_loss_scaling(policy, device_kind),
+      graph_rewrite_reason(device_kind) if policy == REWRITE else None)
+
+
+def is_16bit(policy, dtype=None):
+  """True if `policy` computes in 16 bits (on a GPU, for 'rewrite')."""
+  return (dtype or compute_dtype(policy, 'GPU')) in ('float16', 'bfloat16')
+
+
+def xla_rule(policy, requested, device_kind):
+  """(False, reason) where `policy` rules XLA out; None where it does not.
+
+  Grappler, which does the graph rewrite, never sees a function XLA
+  compiles: the rewrite would silently do nothing.
+  """
+  if policy != REWRITE:
+    return None
+  graph_rewrite_dtype(device_kind)  # Refuses a TPU.
+  if requested == 'on':
+    raise UserError('--xla=on cannot be combined with --policy=rewrite: '
+                    "TensorFlow's mixed precision rewrite does not run on "
+                    'XLA-compiled functions; use --xla=auto or off, or a '
+                    'mixed_* policy with XLA')
+  return False, ('--policy=rewrite: the graph rewrite does not run on '
+                 'XLA-compiled functions')
+
+
+def apply(resolved, device_kind):
+  """Sets this process's Keras policy (and graph rewrite) before any model."""
+  keras.mixed_precision.set_global_policy(keras_policy(resolved.policy))
+  if resolved.policy == REWRITE:
+    # Before anything is traced: grappler rewrites functions as they run.
+    dtype = enable_graph_rewrite(device_kind)
+    logging.info('Graph rewrite: eligible ops compute in %s', dtype)
 
 
 def compute_dtype(policy, device_kind=None):

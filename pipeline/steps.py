@@ -1,7 +1,10 @@
 """Compiled training and evaluation steps, several per call.
 
 Keras 3.15's own multi-step loop (`steps_per_execution` > 1) fails under
-MirroredStrategy (guide §1.1). This is the loop that works everywhere: one
+MirroredStrategy: `model.fit` over 2 logical CPUs with steps_per_execution=4
+raises "You must feed a value for placeholder tensor
+'while/body/.../Placeholder_1'" from `multi_step_on_iterator` (measured;
+BUILD_NOTES.md). This is the loop that works everywhere: one
 tf.function runs `steps_per_execution` steps in a `tf.range` loop, each step
 `strategy.run` on the next distributed batch, so the host is visited once
 per execution, not once per step (what TPUs and fast GPUs need).
@@ -15,9 +18,8 @@ from pipeline.errors import UserError
 SUM = tf.distribute.ReduceOp.SUM
 
 
-def make_optimizer(config, global_batch_size, total_steps, steps_per_epoch):
-  """Optimizer with linear-scaled peak rate, linear warmup and cosine decay."""
-  peak = config.base_learning_rate * global_batch_size / 256
+def make_optimizer(config, peak, total_steps, steps_per_epoch):
+  """Optimizer with `peak` learning rate, linear warmup and cosine decay."""
   warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
                      max(total_steps - 1, 0))
   schedule = keras.optimizers.schedules.CosineDecay(

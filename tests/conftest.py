@@ -24,10 +24,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='session')
 def tfds_dir(tmp_path_factory):
   """A tfds data_dir with sklearn_digits prepared once per session."""
-  from pipeline import data  # pylint: disable=g-import-not-at-top
+  from pipeline import sources  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   path = str(tmp_path_factory.mktemp('tfds'))
-  data.load_source(ml_collections.ConfigDict(dict(
+  sources.load_source(ml_collections.ConfigDict(dict(
       dataset='sklearn_digits', data_dir=path, train_split='train',
       eval_split='')))
   return path

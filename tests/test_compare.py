@@ -12,10 +12,12 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from conftest import run_module
 from conftest import tiny_args
 from pipeline import compare
-from pipeline import train
+from pipeline import compare_report
+from pipeline import plan
 from pipeline.errors import UserError
 
 
@@ -120,11 +122,11 @@ def test_each_run_has_its_log_and_tensorboard_under_the_root(compared):
     run = os.path.join(root, name)
     assert 'Precision: ' + name in open(os.path.join(run, 'train.log')).read()
     for split, tag in (('train', 'loss'), ('eval', 'accuracy')):
-      points = compare.read_scalars(os.path.join(run, 'tensorboard', split),
+      points = compare_report.read_scalars(os.path.join(run, 'tensorboard', split),
                                     tag)
       assert points, (name, split)
     # Steps are the run's own: the doubled batch logs half as many.
-    last_step = compare.read_scalars(
+    last_step = compare_report.read_scalars(
         os.path.join(run, 'tensorboard', 'train'), 'loss')[-1][0]
     assert last_step == (8 if name == 'float32' else 4)
 
@@ -214,14 +216,14 @@ def test_batch_doubling_keeps_examples_equal():
       ('rewrite_seed0', 128), ('rewrite_seed1', 128)]
   batches = [r.global_batch_size for r in runs]
   # The digits' 1,438 training examples: 11 batches of 128 fit.
-  examples = compare.common_examples_per_epoch(0, 1438, batches)
+  examples = plan.examples_per_epoch(0, 1438, batches)
   assert examples == 1408
-  steps = {b: train.epoch_steps(examples, 1438, b) for b in set(batches)}
+  steps = {b: plan.epoch_steps(examples, 1438, b) for b in set(batches)}
   assert steps == {64: 22, 128: 11}
   assert {b * s for b, s in steps.items()} == {1408}
   # Without doubling, the whole set rounded down to the batch, as before.
-  assert compare.common_examples_per_epoch(0, 1438, [64, 64]) == 1408
-  assert train.epoch_steps(0, 1438, 64) == 22
+  assert plan.examples_per_epoch(0, 1438, [64, 64]) == 1408
+  assert plan.epoch_steps(0, 1438, 64) == 22
 
 
 @pytest.mark.parametrize('requested, batches, message', [
@@ -230,20 +232,31 @@ def test_batch_doubling_keeps_examples_equal():
 ])
 def test_examples_per_epoch_mistakes(requested, batches, message):
   with pytest.raises(UserError, match=message):
-    compare.common_examples_per_epoch(requested, 1438, batches)
+    plan.examples_per_epoch(requested, 1438, batches)
 
 
 def test_epoch_steps_refuses_partial_batches():
   with pytest.raises(UserError, match='examples_per_epoch=100 must be 0'):
-    train.epoch_steps(100, 1438, 64)
+    plan.epoch_steps(100, 1438, 64)
 
 
-def test_children_get_the_overrides_and_the_comparison_settings_last():
-  argv = ['--config=configs/default.py', '--config.epochs=3',
+def test_children_get_the_overrides_and_the_comparison_settings_last(
+    monkeypatch):
+  """Built from the parsed flags: config file, overrides, hardware flags."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from launch import cli  # pylint: disable=g-import-not-at-top
+  from launch import compare as launcher  # pylint: disable=g-import-not-at-top,unused-import
+  config_file = os.path.join(REPO, 'configs', 'default.py')
+  argv = ['compare', f'--config={config_file}', '--config.epochs=3',
           '--policies=float32,rewrite', '--workdir', '/tmp/x',
           '--double_batch_16bit', '--num_cpu_devices=2', '--seeds=0,1']
-  forwarded = compare.forwarded_args(argv)
-  assert forwarded == ['--config=configs/default.py', '--config.epochs=3',
+  monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads overrides here.
+  flags.FLAGS(argv)
+  try:
+    forwarded = cli.config_args() + cli.hardware_args()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert forwarded == [f'--config={config_file}', '--config.epochs=3',
                        '--num_cpu_devices=2']
   run = compare.Run('rewrite', 1, 128, '/r/rewrite_seed1')
   command = compare.child_command(run, forwarded, 1408)
@@ -280,7 +293,7 @@ def test_seed_means_and_deltas_against_float32():
       'mixed_float16_seed1': _metrics('mixed_float16', 1, 220, 0.95, 128,
                                       16384.0),
   }
-  rows = compare.summarize(runs, metrics, 1408)
+  rows = compare_report.summarize(runs, metrics, 1408)
   float32, float16 = rows
   assert float32['images_per_sec'] == 105 and float16['images_per_sec'] == 210
   assert float16['speedup'] == pytest.approx(2.0)
@@ -289,8 +302,8 @@ def test_seed_means_and_deltas_against_float32():
   assert float16['epoch_s'] == pytest.approx(1408 / 210)
   assert float16['final_loss_scale'] == 24576.0
   assert float16['skipped_steps'] == 3 and float32['skipped_steps'] is None
-  assert compare.initial_weights(runs, metrics) == {0: ['seed0'],
+  assert compare_report.initial_weights(runs, metrics) == {0: ['seed0'],
                                                    1: ['seed1']}
-  table = compare.markdown_table(rows)
+  table = compare_report.markdown_table(rows)
   assert '| mixed_float16 | 128 | 11 | 1,408 | 210 |' in table
   assert '| 2.00 | +1.00 |' in table

@@ -15,6 +15,7 @@ from PIL import Image
 
 from configs import default
 from pipeline import data
+from pipeline import sources
 from pipeline import tfrecords
 from pipeline.errors import UserError
 
@@ -93,13 +94,13 @@ def _all_train_examples(config, source, pipelines=1, index=0):
 
 
 def test_digits_source_has_fixed_splits(tfds_dir):
-  source = data.load_source(_config(data_dir=tfds_dir))
+  source = sources.load_source(_config(data_dir=tfds_dir))
   assert source.num_classes == 10
   assert (source.num_train_examples, source.num_eval_examples) == (1438, 359)
 
 
 def test_split_specs_select_slices(tfds_dir):
-  source = data.load_source(_config(data_dir=tfds_dir,
+  source = sources.load_source(_config(data_dir=tfds_dir,
                                     train_split='train[:90%]',
                                     eval_split='train[90%:]'))
   assert source.num_train_examples + source.num_eval_examples == 1438
@@ -109,7 +110,7 @@ def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
   config = _config(dataset='cifar10', data_dir=str(tmp_path), eval_split='test',
                    image_size=32, augment='translate_flip')
   with tfds.testing.mock_data(num_examples=24):
-    source = data.load_source(config)
+    source = sources.load_source(config)
     assert (source.num_classes, source.num_train_examples) == (10, 24)
     counter = data.SkipCounter()
     batch = next(iter(data.train_input_fn(config, source, 8, counter)(
@@ -122,7 +123,7 @@ def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
 
 def test_train_batches_are_uint8_per_replica(tfds_dir):
   config = _config(data_dir=tfds_dir)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   fn = data.train_input_fn(config, source, 64, data.SkipCounter())
   images, labels = next(iter(fn(_context(1, 0, replicas=2))))
   assert images.dtype == tf.uint8 and images.shape == (32, 32, 32, 3)
@@ -133,7 +134,7 @@ def test_train_batches_are_uint8_per_replica(tfds_dir):
 @pytest.mark.parametrize('pipelines', [1, 2])
 def test_eval_covers_every_example_once(tfds_dir, pipelines):
   config = _config(data_dir=tfds_dir)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   fn = data.eval_input_fn(config, source, 64, data.SkipCounter())
   seen = []
   for index in range(pipelines):
@@ -149,7 +150,7 @@ def test_eval_covers_every_example_once(tfds_dir, pipelines):
 def test_two_workers_read_disjoint_shards_covering_all(tfds_dir):
   """One tfds file, two workers: sharded by example, each example once."""
   config = _config(data_dir=tfds_dir, train_split='train[:200]')
-  source = data.load_source(config)
+  source = sources.load_source(config)
   shards = [_all_train_examples(config, source, 2, i)[0] for i in range(2)]
   keys = [{x.tobytes() for x, _ in shard} for shard in shards]
   assert keys[0].isdisjoint(keys[1])
@@ -159,12 +160,12 @@ def test_two_workers_read_disjoint_shards_covering_all(tfds_dir):
 
 def test_unknown_dataset_is_a_user_error(tfds_dir):
   with pytest.raises(UserError, match=r"unknown dataset 'no_such_set'"):
-    data.load_source(_config(data_dir=tfds_dir, dataset='no_such_set'))
+    sources.load_source(_config(data_dir=tfds_dir, dataset='no_such_set'))
 
 
 def test_missing_split_is_a_user_error(tfds_dir):
   with pytest.raises(UserError, match=r"split 'validation'"):
-    data.load_source(_config(data_dir=tfds_dir, eval_split='validation'))
+    sources.load_source(_config(data_dir=tfds_dir, eval_split='validation'))
 
 
 # --- TFRecord files -------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_missing_split_is_a_user_error(tfds_dir):
 def test_tfrecords_decode_skip_and_count_bad_records(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   assert source.num_train_examples == good + 2  # Records, before decoding.
   examples, skipped = _all_train_examples(config, source)
   assert skipped == 2  # The garbage bytes and the truncated JPEG.
@@ -188,7 +189,7 @@ def test_tfrecords_decode_skip_and_count_bad_records(tfrecord_dir):
 def test_grayscale_rgba_and_cmyk_become_rgb(tfrecord_dir):
   root, _ = tfrecord_dir
   config = _tfrecord_config(root)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   records = source.read('eval', _context(), False, None)
   decoded = list(data._decoded(records, source.parse, 32, data.SkipCounter()))  # pylint: disable=protected-access
   assert len(decoded) == 11  # The CMYK JPEG decodes too.
@@ -199,7 +200,7 @@ def test_grayscale_rgba_and_cmyk_become_rgb(tfrecord_dir):
 def test_two_workers_split_tfrecord_files(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   shards = [_all_train_examples(config, source, 2, i) for i in range(2)]
   assert sum(len(s[0]) for s in shards) == good
   assert sum(s[1] for s in shards) == 2
@@ -210,7 +211,7 @@ def test_two_workers_split_tfrecord_files(tfrecord_dir):
 def test_more_workers_than_files_shard_by_example(tfrecord_dir):
   root, _ = tfrecord_dir
   config = _tfrecord_config(root)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   seen = []
   for index in range(3):  # 3 workers, 1 eval file.
     records = source.read('eval', _context(3, index), False, None)
@@ -223,7 +224,7 @@ def test_more_workers_than_files_shard_by_example(tfrecord_dir):
 def test_label_out_of_range_names_the_file(tfrecord_dir):
   root, _ = tfrecord_dir
   config = _tfrecord_config(root, label_offset=0, num_classes=10)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   fn = data.train_input_fn(config, source, 8, data.SkipCounter())
   with pytest.raises(tf.errors.InvalidArgumentError) as error:
     for _ in fn(_context()).take(10):
@@ -236,14 +237,14 @@ def test_label_out_of_range_names_the_file(tfrecord_dir):
 def test_pattern_that_matches_nothing(tmp_path):
   pattern = str(tmp_path / 'nothing-*.tfrecord')
   with pytest.raises(UserError, match=re.escape(f"no file matches '{pattern}'")):
-    data.load_source(_config(dataset='tfrecord', train_files=pattern,
+    sources.load_source(_config(dataset='tfrecord', train_files=pattern,
                              eval_files=pattern, num_classes=3))
 
 
 def test_tfrecord_needs_num_classes(tfrecord_dir):
   root, _ = tfrecord_dir
   with pytest.raises(UserError, match='num_classes'):
-    data.load_source(_tfrecord_config(root, num_classes=0))
+    sources.load_source(_tfrecord_config(root, num_classes=0))
 
 
 # --- caching and augmentation ------------------------------------------------------
@@ -253,7 +254,7 @@ def test_augmentation_changes_between_epochs_with_cache(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root, augment='inception', cache='memory',
                             shuffle_buffer=1, deterministic_input=True)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   fn = data.train_input_fn(config, source, good, data.SkipCounter())
   epochs = iter(fn(_context()))
   first, second = next(epochs)[0].numpy(), next(epochs)[0].numpy()
@@ -265,7 +266,7 @@ def test_file_cache_is_written_and_reused(tfrecord_dir, tmp_path):
   root, good = tfrecord_dir
   prefix = str(tmp_path / 'cache')
   config = _tfrecord_config(root, cache=prefix)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   counter = data.SkipCounter()
   dataset = data.train_input_fn(config, source, 8, counter)(_context())
   for _ in dataset.take(8):  # More than one pass: the cache completes.
@@ -276,7 +277,7 @@ def test_file_cache_is_written_and_reused(tfrecord_dir, tmp_path):
 
 def test_memory_cache_that_cannot_fit_is_refused(tfds_dir):
   config = _config(data_dir=tfds_dir, image_size=224)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   with pytest.raises(UserError, match=r'cache=memory needs about .* GiB'):
     data.check_cache_fits(config, source, available_bytes=100 * 2**20)
   data.check_cache_fits(config, source, available_bytes=64 * 2**30)
@@ -285,7 +286,7 @@ def test_memory_cache_that_cannot_fit_is_refused(tfds_dir):
 @pytest.mark.parametrize('augment', data.AUGMENTATIONS)
 def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
   config = _config(data_dir=tfds_dir, augment=augment, image_size=32)
-  source = data.load_source(config)
+  source = sources.load_source(config)
   images, _ = next(iter(data.train_input_fn(config, source, 16,
                                             data.SkipCounter())(_context())))
   assert images.dtype == tf.uint8 and images.shape == (16, 32, 32, 3)

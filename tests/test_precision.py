@@ -12,8 +12,8 @@ import pytest
 
 from conftest import REPO
 from pipeline import models
+from pipeline import plan
 from pipeline import precision
-from pipeline import train
 from pipeline.errors import UserError
 
 
@@ -33,7 +33,26 @@ def test_auto_policy_table(device_kind, capability, amx, expected):
 
 @pytest.mark.parametrize('policy', precision.POLICIES[1:])
 def test_explicit_policy_is_kept(policy):
+  for device_kind in ('GPU', 'CPU'):
+    assert precision.choose_policy(policy, device_kind)[0] == policy
+
+
+@pytest.mark.parametrize('policy', ['float32', 'mixed_bfloat16', 'bfloat16'])
+def test_explicit_policy_is_kept_on_tpu(policy):
   assert precision.choose_policy(policy, 'TPU')[0] == policy
+
+
+@pytest.mark.parametrize('policy', ['mixed_float16', 'float16'])
+def test_float16_is_refused_on_tpu(policy):
+  with pytest.raises(UserError, match=f'--policy={policy} does not run on a '
+                     'TPU, which computes in bfloat16; use '
+                     '--policy=mixed_bfloat16'):
+    precision.choose_policy(policy, 'TPU')
+
+
+def test_sixteen_bit_policies():
+  assert [p for p in precision.POLICIES[1:] if precision.is_16bit(p)] == [
+      'mixed_float16', 'mixed_bfloat16', 'float16', 'bfloat16', 'rewrite']
 
 
 def test_unknown_policy_names_value_and_choices():
@@ -88,9 +107,9 @@ def test_unknown_model_is_rejected():
 # first as it is, then with the graph rewrite on, and reports the dtype of
 # every Conv2D/MatMul node in the graphs TensorFlow actually ran.
 _REWRITE_PROBE = r'''
-import collections, json, sys
-sys.argv = ['probe', '--policy=rewrite']
-from launch import cli  # Sets TF_ENABLE_ONEDNN_OPTS before TF loads.
+import collections, json, re, sys
+from pipeline import environment
+environment.prepare(['probe', '--policy=rewrite'])  # Before TF loads.
 import keras, numpy as np, tensorflow as tf
 from tensorflow.python.eager import context
 from pipeline import precision, steps
@@ -121,7 +140,11 @@ def run_and_list_dtypes():
       for node in graph.node:
         if 'Conv2D' in node.op or 'MatMul' in node.op:
           dtype = tf.dtypes.as_dtype(node.attr['T'].type).name
-          found[f'{node.op}:{dtype}'] += 1
+          # oneDNN and grappler fuse or rename the op (_FusedConv2D,
+          # _MklNativeMatMul, ...) depending on the CPU: count it as itself.
+          op = re.sub(r'^_(MklNativeFused|MklNative|MklFused|Mkl|Fused)', '',
+                      node.op)
+          found[f'{op}:{dtype}'] += 1
   return {'dtypes': dict(found), 'loss': loss,
           'keras_dtypes': sorted({l.compute_dtype for l in model.layers[1:]})}
 
@@ -173,10 +196,10 @@ def test_rewrite_refuses_tpu_and_xla():
   cpu = types.SimpleNamespace(device_kind='CPU', num_replicas=1)
   gpu = types.SimpleNamespace(device_kind='GPU', num_replicas=1)
   tpu = types.SimpleNamespace(device_kind='TPU', num_replicas=8)
-  assert train.choose_xla('auto', gpu, 'rewrite')[0] is False
-  assert train.choose_xla('off', cpu, 'rewrite')[0] is False
-  assert train.choose_xla('auto', gpu, 'mixed_float16')[0] is True
+  assert plan.choose_xla('auto', gpu, 'rewrite')[0] is False
+  assert plan.choose_xla('off', cpu, 'rewrite')[0] is False
+  assert plan.choose_xla('auto', gpu, 'mixed_float16')[0] is True
   with pytest.raises(UserError, match='--xla=on cannot be combined'):
-    train.choose_xla('on', gpu, 'rewrite')
+    plan.choose_xla('on', gpu, 'rewrite')
   with pytest.raises(UserError, match='does not run on TPU'):
-    train.choose_xla('auto', tpu, 'rewrite')
+    plan.choose_xla('auto', tpu, 'rewrite')

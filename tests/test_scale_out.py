@@ -18,8 +18,8 @@ import tensorflow as tf
 from conftest import REPO, run_train, tiny_args
 from configs import default
 from pipeline import devices
+from pipeline import plan as plan_lib
 from pipeline import storage
-from pipeline import train
 from pipeline.errors import UserError
 
 
@@ -47,8 +47,12 @@ def test_two_workers_train_together(tmp_path, tfds_dir):
   for process, output in zip(processes, outputs):
     assert process.returncode == 0, output[-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
-  assert metrics['strategy'] in ('MultiWorkerMirroredStrategy',
-                                 'CollectiveAllReduceStrategy')
+  assert metrics['strategy'] == 'MultiWorkerMirroredStrategy'
+  run = json.loads((workdir / 'run.json').read_text())
+  assert run['resolved']['strategy'] == 'MultiWorkerMirroredStrategy'
+  for output in outputs:
+    assert 'with MultiWorkerMirroredStrategy, 2 replica(s) over 2 worker(s)' \
+        in output
   assert metrics['num_replicas'] == 2 and metrics['num_workers'] == 2
   digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
   assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
@@ -134,14 +138,14 @@ def test_select_gpus_refuses_what_is_not_there(spec, visible, problem):
     (0, 'TPU', 100), (0, 'GPU', 8), (0, 'CPU', 8), (4, 'TPU', 4),
     (1, 'CPU', 1)])
 def test_steps_per_execution_auto_and_explicit(requested, kind, steps):
-  chosen, reason = train.choose_steps_per_execution(requested, kind)
+  chosen, reason = plan_lib.choose_steps_per_execution(requested, kind)
   assert chosen == steps
   assert ('auto' in reason) == (requested == 0)
 
 
 def test_steps_per_execution_below_zero_is_refused():
   with pytest.raises(UserError, match='steps_per_execution=-1 must be'):
-    train.choose_steps_per_execution(-1, 'CPU')
+    plan_lib.choose_steps_per_execution(-1, 'CPU')
 
 
 def _config(**fields):
@@ -165,7 +169,7 @@ def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
 
 
 def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):
-  """prepare() (the dry run) on a TPU Node's Hardware.
+  """plan.resolve() (what the dry run checks) on a TPU Node's Hardware.
 
   No TPU can exist here: the Hardware is what devices.resolve returns for
   --tpu=NAME once a TPU answered, over this host's default strategy. The
@@ -173,10 +177,9 @@ def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):
   """
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'TPU',
                               tpu_workers_remote=True, detail='TPU Node')
-  plan = train.Plan(hardware, 'mixed_bfloat16', 'TPU', True, 'TPU',
-                    str(tmp_path / 'run'))
+  request = plan_lib.Request(workdir=str(tmp_path / 'run'))
   with pytest.raises(UserError) as error:
-    train.prepare(_config(data_dir='gs://b/tfds'), plan)
+    plan_lib.resolve(_config(data_dir='gs://b/tfds'), request, hardware)
   assert str(error.value).startswith("a TPU Node's workers run on other hosts "
                                      'and read only gs:// paths; local here: '
                                      f"workdir='{tmp_path}/run'")

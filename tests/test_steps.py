@@ -1,6 +1,6 @@
 """The multi-step loop under a real MirroredStrategy over 2 logical CPUs.
 
-Keras 3.15's own steps_per_execution > 1 loop fails here (guide §1.1); these
+Keras 3.15's own steps_per_execution > 1 loop fails here (BUILD_NOTES.md); these
 tests prove the project's loop trains under each policy and counts steps.
 """
 

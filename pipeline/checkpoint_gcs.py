@@ -1,0 +1,179 @@
+"""The GCS commit protocol for checkpoints saved locally first.
+
+A checkpoint of step N counts on GCS only once every file is uploaded (each
+verified by CRC32C) to `<series>/ckpt-N/` and `<series>/ckpt-N/COMMITTED`
+is written last, listing the files and their checksums. Uploads run on a
+background thread from a hard-linked snapshot (`<local>/uploading/ckpt-N`),
+so training waits only for the local save, and the local manager deleting
+old files never touches a file being uploaded. Restore takes the newest
+committed checkpoint; at start the chief first finishes staged uploads newer
+than it and deletes folders that have no marker.
+"""
+
+import json
+import os
+import queue
+import re
+import shutil
+import threading
+
+from absl import logging
+
+from pipeline.errors import UserError
+
+MARKER = 'COMMITTED'
+
+
+class UploadError(UserError):
+  """Checkpoint upload failed after retries; the staged copy is kept."""
+
+
+def step_of(name):
+  """The step number in a checkpoint's path or object name.
+
+  'ckpt-120', '/x/ckpt-120.index', 'checkpoints/ckpt-120/COMMITTED' -> 120.
+  """
+  steps = re.findall(r'ckpt-(\d+)', name)
+  if not steps:
+    raise ValueError(f'{name!r} names no checkpoint step')
+  return int(steps[-1])
+
+
+class CommittedSeries:
+  """One series of checkpoints (e.g. 'checkpoints') under a gs:// workdir.
+
+  Args:
+    remote: the workdir's gcs.Location.
+    series: the folder under it, also the local folder's name.
+    local_dir: where tf.train.CheckpointManager saves this process's files.
+    max_to_keep: committed checkpoints kept on GCS; older ones are pruned.
+    uploads: True for the chief, the only process that writes.
+  """
+
+  def __init__(self, remote, series, local_dir, max_to_keep, uploads):
+    self.remote = remote
+    self.series = series
+    self.local_dir = local_dir
+    self.max_to_keep = max_to_keep
+    self.uploads = uploads
+    self._queue = queue.Queue(maxsize=1)  # One upload waits at most.
+    self._error = None
+    if uploads:
+      threading.Thread(target=self._upload_loop, daemon=True).start()
+
+  @property
+  def url(self):
+    return f'{self.remote.url}/{self.series}'
+
+  def _object(self, step, name):
+    return f'{self.series}/ckpt-{step}/{name}'
+
+  def committed_steps(self):
+    """Steps with a COMMITTED marker on GCS, oldest first."""
+    return sorted(step_of(name) for name in self.remote.list(f'{self.series}/')
+                  if name.endswith('/' + MARKER))
+
+  # --- restore ---
+
+  def fetch_latest(self):
+    """Downloads the newest committed checkpoint; its local path, or None.
+
+    The chief first finishes staged uploads newer than the bucket's newest
+    commit (a run stopped by an outage) and deletes uncommitted folders.
+    """
+    committed = self.committed_steps()
+    if self.uploads:
+      committed = self._finish_staged(committed)
+      self._delete_uncommitted(committed)
+    return self._download(max(committed)) if committed else None
+
+  def _staged_root(self):
+    return os.path.join(self.local_dir, 'uploading')
+
+  def _finish_staged(self, committed):
+    root = self._staged_root()
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+      step = step_of(name)
+      if step > max(committed, default=-1):
+        logging.info('Finishing the upload of staged checkpoint %d', step)
+        self._upload(step)
+        committed = committed + [step]
+      else:
+        shutil.rmtree(os.path.join(root, name))
+    return committed
+
+  def _delete_uncommitted(self, committed):
+    for name in self.remote.list(f'{self.series}/'):
+      if step_of(name) not in committed:
+        logging.info('Deleting uncommitted %s/%s', self.remote.url, name)
+        self.remote.delete(name)
+
+  def _download(self, step):
+    manifest = self.remote.read_json(self._object(step, MARKER))
+    target = os.path.join(self.local_dir, 'restored', f'ckpt-{step}')
+    os.makedirs(target, exist_ok=True)
+    for name in manifest['files']:
+      self.remote.download(self._object(step, name), os.path.join(target, name))
+    logging.info('Downloaded committed checkpoint %d from %s', step,
+                 self.remote.url)
+    return os.path.join(target, f'ckpt-{step}')
+
+  # --- commit ---
+
+  def submit(self, step):
+    """Snapshots the local files of `step` and queues their upload.
+
+    Waits only if another upload is already queued behind the running one.
+    A process that does not upload (a worker other than the chief) skips it.
+    """
+    if not self.uploads:
+      return
+    staged = os.path.join(self._staged_root(), f'ckpt-{step}')
+    os.makedirs(staged, exist_ok=True)
+    for name in os.listdir(self.local_dir):
+      if name.startswith(f'ckpt-{step}.'):
+        os.link(os.path.join(self.local_dir, name), os.path.join(staged, name))
+    self._queue.put(step)
+
+  def _upload_loop(self):
+    while True:
+      step = self._queue.get()
+      try:
+        if self._error is None:
+          self._upload(step)
+      except Exception as e:  # Reported to the training loop, not lost.
+        self._error = e
+      finally:
+        self._queue.task_done()
+
+  def _upload(self, step):
+    staged = os.path.join(self._staged_root(), f'ckpt-{step}')
+    checksums = {}
+    for name in sorted(os.listdir(staged)):
+      checksums[name] = self.remote.upload(os.path.join(staged, name),
+                                           self._object(step, name))
+    # The marker goes last: a checkpoint without it is never restored.
+    self.remote.write_text(self._object(step, MARKER),
+                           json.dumps({'step': step, 'files': checksums}))
+    shutil.rmtree(staged)
+    logging.info('Committed checkpoint %d to %s', step, self.remote.url)
+    self._prune()
+
+  def _prune(self):
+    for old in self.committed_steps()[:-self.max_to_keep]:
+      self.remote.delete(self._object(old, MARKER))  # First: no longer counts.
+      for name in self.remote.list(f'{self.series}/ckpt-{old}/'):
+        self.remote.delete(name)
+
+  def wait(self):
+    """Blocks until queued uploads are committed; raises if one failed."""
+    self._queue.join()
+    self.raise_if_failed()
+
+  def raise_if_failed(self):
+    if self._error is not None:
+      error, self._error = self._error, None
+      raise UploadError(
+          f'checkpoint upload to {self.remote.url} failed: {error}; the '
+          f'checkpoint is kept in {self._staged_root()}; rerun the same '
+          'command to upload it and resume once GCS is reachable')

@@ -1,0 +1,282 @@
+"""The resolved run: every choice made once, before any model is built.
+
+`resolve(config, request)` finds the hardware and strategy, resolves the
+precision policy, XLA and steps per execution (each with its reason), checks
+the config, the workdir and the data, and sizes the run. The result is one
+frozen `Plan`: `run.json` is `Plan.to_json()`, `--dry_run` prints it, and the
+training loop, the benchmark and launch.compare read it rather than choosing
+again.
+"""
+
+import dataclasses
+from typing import Optional
+
+from absl import logging
+
+from pipeline import data
+from pipeline import devices
+from pipeline import models
+from pipeline import precision
+from pipeline import sources
+from pipeline import storage
+from pipeline.errors import UserError
+
+# Fields that must match for a workdir's checkpoints to be restorable.
+RUN_IDENTITY = ('dataset', 'model', 'image_size')
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What the command line asked for (launch/cli.py fills it from flags)."""
+  workdir: Optional[str] = None  # None: a run that writes none (benchmark).
+  staging_dir: str = '/tmp/pipeline-staging'  # Local copy of a gs:// workdir.
+  policy: str = 'auto'
+  xla: str = 'auto'
+  tpu: str = ''
+  tpu_zone: Optional[str] = None
+  gcp_project: Optional[str] = None
+  tpu_runtime_version: str = ''
+  gpus: str = ''
+  num_cpu_devices: int = 1
+  collective: str = 'auto'
+  collective_timeout_s: Optional[float] = None
+
+  def find_hardware(self):
+    return devices.resolve(self.tpu, self.tpu_zone, self.gcp_project,
+                           self.num_cpu_devices, self.collective,
+                           self.collective_timeout_s, self.gpus,
+                           self.tpu_runtime_version)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Everything resolved before training: printed, saved, and used."""
+  hardware: devices.Hardware
+  precision: precision.Precision
+  xla: bool
+  xla_reason: str
+  steps_per_execution: int
+  steps_per_execution_reason: str
+  global_batch_size: int
+  peak_learning_rate: float
+  source: sources.Source
+  steps_per_epoch: int
+  total_steps: int
+  workdir: Optional[storage.Workdir]
+
+  @property
+  def policy(self):
+    return self.precision.policy
+
+  @property
+  def per_replica_batch_size(self):
+    return self.global_batch_size // self.hardware.num_replicas
+
+  @property
+  def examples_per_epoch(self):
+    return self.steps_per_epoch * self.global_batch_size
+
+  def to_json(self):
+    """The resolved run as run.json's 'resolved' object."""
+    hw = self.hardware
+    return {
+        'device_kind': hw.device_kind,
+        'devices': hw.detail,
+        'strategy': hw.strategy_name,
+        'num_replicas': hw.num_replicas,
+        'num_workers': hw.num_workers,
+        'policy': self.policy,
+        'policy_reason': self.precision.reason,
+        'loss_scaling': self.precision.loss_scaling,
+        'graph_rewrite': self.precision.graph_rewrite,
+        'xla': self.xla,
+        'xla_reason': self.xla_reason,
+        'global_batch_size': self.global_batch_size,
+        'per_replica_batch_size': self.per_replica_batch_size,
+        'steps_per_execution': self.steps_per_execution,
+        'steps_per_execution_reason': self.steps_per_execution_reason,
+        'peak_learning_rate': self.peak_learning_rate,
+        'dataset': self.source.name,
+        'num_classes': self.source.num_classes,
+        'train_examples': self.source.num_train_examples,
+        'eval_examples': self.source.num_eval_examples,
+        'steps_per_epoch': self.steps_per_epoch,
+        'examples_per_epoch': self.examples_per_epoch,
+        'total_steps': self.total_steps,
+        'workdir': self.workdir.url if self.workdir else None,
+    }
+
+  def describe(self, config):
+    """The plan as the lines a run prints first."""
+    hw, p = self.hardware, self.precision
+    return [
+        f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
+        f'{hw.num_replicas} replica(s) over {hw.num_workers} worker(s)',
+        f'Precision: {p.policy} ({p.reason}'
+        f'{"; " + p.graph_rewrite if p.graph_rewrite else ""}); loss scaling '
+        f'{"on" if p.loss_scaling else "off"}',
+        f'XLA: {"on" if self.xla else "off"} ({self.xla_reason})',
+        f'Batch: {self.global_batch_size} global, '
+        f'{self.per_replica_batch_size} per replica; '
+        f'{self.steps_per_execution} steps per execution '
+        f'({self.steps_per_execution_reason})',
+        f'Workdir: {self.workdir.url if self.workdir else "none"}',
+        f'Data: {self.source.name}, {self.source.num_classes} classes, '
+        f'{self.source.num_train_examples} train / '
+        f'{self.source.num_eval_examples} eval examples; {self.total_steps} '
+        f'steps ({config.epochs} epochs of {self.steps_per_epoch}); peak '
+        f'learning rate {self.peak_learning_rate:.3g} = base '
+        f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
+        '256',
+    ]
+
+
+def resolve(config, request, hardware=None):
+  """Resolves and checks everything a run needs, short of building a model.
+
+  Hardware (unless given: tests hand in a TPU's), precision, XLA, steps per
+  execution, the config's values, workdir access (the bucket preflight for
+  gs://) and its identity, the data source and its size, the cache and the
+  batch split. Logs the plan; raises a one-line UserError for any mistake.
+  """
+  hardware = hardware or request.find_hardware()
+  resolved_precision = precision.resolve(request.policy, hardware.device_kind,
+                                         hardware.gpu_compute_capability)
+  xla, xla_reason = choose_xla(request.xla, hardware, resolved_precision.policy)
+  steps_per_execution, steps_reason = choose_steps_per_execution(
+      config.steps_per_execution, hardware.device_kind)
+  validate(config, hardware)
+  workdir = _open_workdir(config, request, hardware)
+  source = sources.load_source(config)
+  data.check_cache_fits(config, source)
+  steps_per_epoch = epoch_steps(config.get('examples_per_epoch', 0),
+                                source.num_train_examples,
+                                config.global_batch_size)
+  plan = Plan(
+      hardware=hardware, precision=resolved_precision, xla=xla,
+      xla_reason=xla_reason, steps_per_execution=steps_per_execution,
+      steps_per_execution_reason=steps_reason,
+      global_batch_size=config.global_batch_size,
+      peak_learning_rate=config.base_learning_rate *
+      config.global_batch_size / 256,
+      source=source, steps_per_epoch=steps_per_epoch,
+      total_steps=config.epochs * steps_per_epoch, workdir=workdir)
+  for line in plan.describe(config):
+    logging.info('%s', line)
+  return plan
+
+
+def _open_workdir(config, request, hardware):
+  """The run's Workdir, checked: TPU Node paths, writability, identity."""
+  if request.workdir is None:
+    return None
+  if hardware.tpu_workers_remote:
+    storage.check_remote_tpu_paths(config, request.workdir)
+  workdir = storage.Workdir(request.workdir, request.staging_dir)
+  if hardware.is_chief:
+    workdir.check()  # For gs://: bucket exists and takes a write, or one line.
+    _check_same_run(workdir, config)
+  return workdir
+
+
+def _check_same_run(workdir, config):
+  saved = workdir.read_json('run.json')
+  if not saved:
+    return
+  for key in RUN_IDENTITY:
+    if saved['config'].get(key) != config[key]:
+      raise UserError(
+          f'workdir {workdir.url!r} holds a run with {key}='
+          f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
+          '--workdir to start a new run')
+
+
+def choose_xla(requested, hardware, policy=None):
+  """Returns (on, reason) for --xla=auto|on|off on this hardware."""
+  ruled = precision.xla_rule(policy, requested, hardware.device_kind)
+  if ruled:
+    return ruled
+  if hardware.device_kind == 'TPU':
+    return True, 'TPU programs are always compiled by XLA'
+  if requested == 'on':
+    return True, 'asked for with --xla=on'
+  if requested == 'off':
+    return False, 'asked for with --xla=off'
+  if hardware.num_replicas > 1:
+    return False, ('fails under Mirrored strategies in Keras 3 (keras#21366, '
+                   'keras#18666)')
+  if hardware.device_kind == 'GPU':
+    return True, 'single GPU: fused kernels help'
+  return False, ('CPU: XLA measured 8x slower than TF kernels here '
+                 '(BUILD_NOTES.md)')
+
+
+# Steps per execution when the config leaves it at 0. Each execution is one
+# host round trip: on a TPU that is a launch of a whole XLA program (over the
+# network on a TPU Node) for steps of a few milliseconds, so it takes many
+# steps to hide; tensorflow/tpu's EfficientNet ran an epoch per loop
+# (iterations_per_loop). On CPU and GPU a call costs far less than a step and
+# 8 only trims Python overhead; more would delay logs and preemption saves.
+_AUTO_STEPS_PER_EXECUTION = {'TPU': 100, 'GPU': 8, 'CPU': 8}
+
+
+def choose_steps_per_execution(requested, device_kind):
+  """Returns (steps, reason): `requested` if 1 or more, 0 picks per device."""
+  if requested < 0:
+    raise UserError(f'steps_per_execution={requested} must be 1 or more, or '
+                    '0 to pick one for the device')
+  if requested:
+    return requested, 'set in the config'
+  return (_AUTO_STEPS_PER_EXECUTION[device_kind],
+          f'auto for {device_kind}: 100 on TPU, 8 on CPU and GPU')
+
+
+def validate(config, hardware):
+  """Raises a one-line UserError for config values that cannot run."""
+  replicas = hardware.num_replicas
+  if config.global_batch_size < 1 or config.global_batch_size % replicas:
+    raise UserError(f'global_batch_size={config.global_batch_size} does not '
+                    f'split over {replicas} replicas; use a multiple of '
+                    f'{replicas}')
+  for key in ('epochs', 'log_every_steps',
+              'checkpoint_every_steps', 'keep_checkpoints'):
+    if config[key] < 1:
+      raise UserError(f'{key}={config[key]} must be 1 or more')
+  if config.model not in models.MODELS:
+    raise UserError(f'unknown model {config.model!r}; accepted: '
+                    f'{", ".join(models.MODELS)}')
+  data.validate(config)
+
+
+def epoch_steps(requested_examples, num_train_examples, global_batch_size):
+  """Steps per epoch for one run: see examples_per_epoch."""
+  return examples_per_epoch(requested_examples, num_train_examples,
+                            [global_batch_size]) // global_batch_size
+
+
+def examples_per_epoch(requested, num_train_examples, batch_sizes):
+  """Examples per epoch that every global batch in `batch_sizes` divides.
+
+  `requested` (the config's examples_per_epoch) if set: it must be whole
+  batches, so runs with different batches (launch.compare) see exactly the
+  same examples. 0: the largest multiple of the biggest batch that fits in
+  the training set (for one batch, the set rounded down to whole batches).
+  """
+  if requested:
+    for batch in sorted(set(batch_sizes)):
+      if requested < 0 or requested % batch:
+        raise UserError(f'examples_per_epoch={requested} must be 0 (the '
+                        'training set) or a multiple of the global batch; '
+                        f'it is not a multiple of global batch {batch}')
+    return requested
+  biggest = max(batch_sizes)
+  examples = num_train_examples // biggest * biggest
+  if not examples:
+    raise UserError(f'global_batch_size={biggest} is larger than the '
+                    f'{num_train_examples} training examples')
+  for batch in batch_sizes:
+    if examples % batch:  # Only when batches are not multiples of each other.
+      raise UserError(f'global batches {sorted(set(batch_sizes))} have no '
+                      'common multiple that fits the training set; set '
+                      '--config.examples_per_epoch')
+  return examples

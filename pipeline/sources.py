@@ -1,0 +1,160 @@
+"""Where examples come from: a tensorflow-datasets set or TFRecord files.
+
+Both sources become a stream of (encoded image, label, origin) records, read
+per worker: each worker reads its own files (or, with fewer files than
+workers, its own examples). Decoding is data.py's, after sharding, so a
+worker never pays to decode another's examples.
+"""
+
+import dataclasses
+from typing import Callable
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from pipeline import sklearn_digits  # pylint: disable=unused-import  (registers the builder)
+from pipeline import tfrecords
+from pipeline.errors import UserError
+from pipeline.errors import first_line
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """Where the examples come from, and how many there are."""
+  name: str
+  num_classes: int
+  num_train_examples: int
+  num_eval_examples: int
+  # read(split, input_context, shuffle, seed) -> records of this pipeline.
+  read: Callable[..., tf.data.Dataset]
+  # parse(*record) -> (encoded image, label, origin); may fail for bad data.
+  parse: Callable[..., tuple]
+
+
+def load_source(config):
+  """Finds `config.dataset` (a tfds name or 'tfrecord'); a UserError if not."""
+  if config.dataset == 'tfrecord':
+    return _tfrecord_source(config)
+  return _tfds_source(config)
+
+
+# --- tensorflow-datasets ---------------------------------------------------
+
+
+def _tfds_source(config):
+  try:
+    builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise UserError(f'unknown dataset {config.dataset!r}; accepted: '
+                    "'tfrecord' or a tensorflow-datasets image classification "
+                    'name, e.g. sklearn_digits (offline), cifar10, imagenet2012')
+  try:
+    builder.download_and_prepare()
+  except Exception as e:  # Network, disk and manual-download errors alike.
+    raise UserError(f'dataset {config.dataset!r} could not be prepared in '
+                    f'{builder.data_dir}: {first_line(e)}')
+  features = builder.info.features
+  if not ('label' in features and 'image' in features and
+          isinstance(features['label'], tfds.features.ClassLabel) and
+          isinstance(features['image'], tfds.features.Image)):
+    raise UserError(f'dataset {config.dataset!r} has no image and class label; '
+                    'it is not an image classification data set')
+  splits = {'train': config.train_split,
+            'eval': config.eval_split or _held_out_split(builder)}
+  sizes = {k: _num_examples(builder, v) for k, v in splits.items()}
+
+  def read(split, input_context, shuffle, seed):
+    name = splits[split]
+    pipelines = input_context.num_input_pipelines
+    by_file = _num_files(builder, name) >= pipelines
+    dataset = builder.as_dataset(
+        split=name, shuffle_files=shuffle and by_file,
+        read_config=tfds.ReadConfig(
+            input_context=input_context if pipelines > 1 and by_file else None,
+            shuffle_seed=seed, try_autocache=False),
+        # Shard and count before decoding: decode in our pipeline.
+        decoders={'image': tfds.decode.SkipDecoding()})
+    dataset = dataset.map(lambda x: (x['image'], x['label'], name))
+    if pipelines > 1 and not by_file:
+      dataset = dataset.shard(pipelines, input_context.input_pipeline_id)
+    return dataset
+
+  return Source(config.dataset, features['label'].num_classes,
+                sizes['train'], sizes['eval'], read,
+                parse=lambda image, label, split: (image, label, split))
+
+
+def _held_out_split(builder):
+  for name in ('validation', 'test'):
+    if name in builder.info.splits:
+      return name
+  raise UserError(f'dataset {builder.name!r} has no validation or test split; '
+                  'set --config.eval_split (e.g. "train[90%:]") and '
+                  '--config.train_split (e.g. "train[:90%]")')
+
+
+def _num_files(builder, split):
+  try:
+    return builder.info.splits[split].num_shards
+  except (KeyError, ValueError):  # No split metadata (e.g. tfds mock data).
+    return 1
+
+
+def _num_examples(builder, split):
+  if not builder.info.splits:
+    # No split metadata (tfds mock data, some community sets): count once.
+    return int(builder.as_dataset(split=split).reduce(0, lambda n, _: n + 1))
+  try:
+    return builder.info.splits[split].num_examples
+  except (KeyError, ValueError) as e:
+    raise UserError(f'split {split!r} does not exist in {builder.name!r} '
+                    f'(splits: {", ".join(builder.info.splits)}): '
+                    f'{first_line(e)}')
+
+
+# --- TFRecord files ---------------------------------------------------------
+
+
+def _tfrecord_source(config):
+  if config.num_classes < 1:
+    raise UserError('dataset=tfrecord needs --config.num_classes=N (N >= 1)')
+  files = {'train': tfrecords.list_files(config.train_files),
+           'eval': tfrecords.list_files(config.eval_files)}
+  sizes = {'train': config.num_train_examples or
+                    tfrecords.count_records(files['train']),
+           'eval': config.num_eval_examples or
+                   tfrecords.count_records(files['eval'])}
+  offset = config.label_offset
+
+  def read(split, input_context, shuffle, seed):
+    names = files[split]
+    pipelines, index = (input_context.num_input_pipelines,
+                        input_context.input_pipeline_id)
+    by_file = len(names) >= pipelines
+    if by_file:
+      names = names[index::pipelines]
+    dataset = tf.data.Dataset.from_tensor_slices(names)
+    if shuffle:
+      dataset = dataset.shuffle(len(names), seed=seed)
+
+    def records_of(filename):
+      # A record with corrupt framing ends its file: TF's reader cannot
+      # resynchronise after it. Skip the rest rather than crash the run.
+      return tf.data.TFRecordDataset(filename).ignore_errors().map(
+          lambda r: (r, filename))
+
+    dataset = dataset.interleave(records_of, cycle_length=min(len(names), 16),
+                                 num_parallel_calls=AUTOTUNE,
+                                 deterministic=not shuffle)
+    if not by_file:
+      dataset = dataset.shard(pipelines, index)
+    return dataset
+
+  def parse(record, filename):
+    encoded, label = tfrecords.parse(record)
+    return encoded, label - offset, filename
+
+  return Source('tfrecord', config.num_classes, sizes['train'], sizes['eval'],
+                read, parse)

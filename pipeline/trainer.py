@@ -1,0 +1,110 @@
+"""Model, optimizer and compiled steps of a run, built inside its strategy.
+
+`build(config, plan)` applies the precision policy and the seed, builds
+everything in the strategy scope and compiles the multi-step functions;
+`Trainer.run` calls one and turns the errors a user can act on into one line.
+"""
+
+import dataclasses
+import hashlib
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline import data
+from pipeline import models
+from pipeline import precision
+from pipeline import steps
+from pipeline.errors import UserError
+from pipeline.errors import first_line
+
+# What a collective raises when another worker died or never answered.
+_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+              tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+@dataclasses.dataclass
+class Trainer:
+  """Model, optimizer and compiled steps, built inside the strategy scope."""
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  step: tf.Variable  # Every step taken; optimizer.iterations: those applied.
+  train_fn: object
+  eval_fn: object
+  num_classes: int
+  label_offset: int
+
+  @property
+  def skipped_steps(self):
+    return int(self.step.numpy()) - int(self.optimizer.iterations.numpy())
+
+  @property
+  def loss_scale(self):
+    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      return float(self.optimizer.dynamic_scale.numpy())
+    return None
+
+  def learning_rate(self):
+    return float(self.optimizer.learning_rate)
+
+  def train(self, iterator, num_steps):
+    """Runs `num_steps` training steps; their mean loss etc. as floats."""
+    return self._run(self.train_fn, iterator, num_steps)
+
+  def evaluate(self, iterator, num_steps):
+    """Runs `num_steps` eval batches: loss, accuracy and examples as floats."""
+    return self._run(self.eval_fn, iterator, num_steps)
+
+  def weights_sha256(self):
+    """SHA-256 of every weight: equal digests mean equal models."""
+    digest = hashlib.sha256()
+    for weight in self.model.weights:
+      digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+    return digest.hexdigest()
+
+  def _run(self, function, iterator, num_steps):
+    try:
+      outputs = function(iterator, tf.constant(num_steps))
+      return {key: float(value) for key, value in outputs.items()}
+    except _PEER_LOST as e:
+      if 'TF_CONFIG' not in os.environ:
+        raise
+      raise UserError(
+          f'another worker stopped or never answered ({type(e).__name__}: '
+          f'{first_line(e)}); restart all workers with the same command '
+          'to resume from the last checkpoint') from None
+    except tf.errors.InvalidArgumentError as e:
+      message = data.label_error(e, self.num_classes, self.label_offset)
+      if message:
+        raise UserError(message) from None
+      raise
+
+
+def build(config, plan):
+  """Sets the policy and seed, then builds everything in the strategy scope."""
+  hardware = plan.hardware
+  strategy = hardware.strategy
+  num_classes = plan.source.num_classes
+  precision.apply(plan.precision, hardware.device_kind)
+  keras.utils.set_random_seed(config.seed)
+  with strategy.scope():
+    model = models.build_model(config.model, num_classes, config.image_size,
+                               config.dropout_rate, config.batch_norm_momentum)
+    optimizer = precision.wrap_optimizer(
+        steps.make_optimizer(config, plan.peak_learning_rate,
+                             plan.total_steps, plan.steps_per_epoch),
+        plan.policy, hardware.device_kind)
+    # Built now, so a checkpoint restores into existing slots.
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  train_fn = steps.make_train_function(
+      model, optimizer, strategy, plan.global_batch_size, num_classes,
+      config.label_smoothing, step,
+      # TPUs compile the whole program anyway; elsewhere XLA is per step.
+      jit_compile=plan.xla and hardware.device_kind != 'TPU')
+  eval_fn = steps.make_eval_function(model, strategy, num_classes)
+  return Trainer(model, optimizer, step, train_fn, eval_fn, num_classes,
+                 config.label_offset)
