@@ -63,4 +63,9 @@ def get_config():
   config.checkpoint_every_steps = 200
   config.keep_checkpoints = 3
   config.eval_every_epochs = 5  # 0: evaluate only at the end.
+  # Divergence: a non-finite loss (float32, bfloat16), or under float16 a
+  # loss scale below 1 or this many executions in a row with every step
+  # skipped, rolls back to the newest checkpoint, at most this many times.
+  config.recovery_max_trials = 3
+  config.recovery_max_skipped_executions = 5
   return config

@@ -16,14 +16,23 @@ import tensorflow as tf
 
 from pipeline import plan
 from pipeline import precision
+from pipeline.errors import first_line
+
+
+def _config_path(argv):
+  paths = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
+  return paths[-1] if paths else 'configs/default.py'
 
 
 def config_error(error, argv):
   """One line for a config file that does not load or a key it lacks."""
   text = str(error).strip("'\" ")
+  if isinstance(error, SyntaxError):
+    return (f'config file {error.filename or _config_path(argv)!r} line '
+            f'{error.lineno}: {error.msg}; it must be a Python file with '
+            'get_config()')
   if isinstance(error, OSError):
-    paths = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
-    return (f'config file {paths[-1] if paths else "?"!r} could not be loaded; '
+    return (f'config file {_config_path(argv)!r} could not be loaded; '
             'pass a Python file with get_config(), e.g. configs/default.py')
   key = re.match(r"[\\']*([\w.]+)", text)
   hint = re.search(r'Did you mean "([\w.]+)"', text)
@@ -40,8 +49,12 @@ def parse_flags(argv):
   except flags.Error as e:
     sys.exit(f'FATAL Flags parsing error: {e}\n'
              'Pass --helpshort or --helpfull to see help on flags.')
-  except (AttributeError, KeyError, OSError) as e:
+  except (AttributeError, KeyError, OSError, SyntaxError) as e:
     sys.exit('error: ' + config_error(e, argv))
+  except Exception as e:  # pylint: disable=broad-except
+    # Whatever a config file's own code raises while it loads.
+    sys.exit(f'error: config file {_config_path(argv)!r} failed to load: '
+             f'{type(e).__name__}: {first_line(e)}')
 
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), '..', 'configs',

@@ -2,10 +2,11 @@
 
 After every compiled execution the loop hands an `Execution` to each action
 in turn; an action decides from it whether its time has come (an interval
-crossed, the last step) and does its work: report progress, stop on a
-non-finite loss, save on preemption, save a checkpoint, evaluate. A new kind
-of periodic work is one more callable in the list `train.train_and_evaluate`
-builds; the loop itself does not change.
+crossed, the last step) and does its work: report progress, recover from
+divergence, save on preemption, save a checkpoint, evaluate. A new kind of
+periodic work is one more callable in the list `train.train_and_evaluate`
+builds; the loop itself does not change. An action that restores an earlier
+step raises RolledBack: the actions after it skip that execution.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from pipeline.errors import Preempted
+from pipeline.errors import UserError
 
 # Above this fraction of time waiting for input, the run says it is input-bound.
 INPUT_BOUND_FRACTION = 0.10
@@ -151,21 +153,77 @@ class ReportProgress:
         tf.summary.scalar('skipped_steps', trainer.skipped_steps)
 
 
-class StopOnNonFiniteLoss:
-  """Stops a float32 or bfloat16 run whose loss became NaN or inf.
+class RolledBack(Exception):
+  """An action restored an earlier step; the loop goes on from `step`."""
 
-  Under float16 the loss scale absorbs overflow: it skips the step and
-  lowers the scale, so a non-finite loss there is not the end of the run.
+  def __init__(self, step):
+    super().__init__(f'rolled back to step {step}')
+    self.step = step
+
+
+class RecoverFromDivergence:
+  """Rolls a diverged run back to its newest checkpoint, a few times at most.
+
+  As TF Model Garden's RecoveryAction does: a non-finite loss (float32,
+  bfloat16), or under float16 a loss scale below 1 or `max_skipped` executions
+  in a row whose every step the loss scale skipped, restores the newest
+  checkpoint this process saved (every worker saved the same step) and goes
+  on with the next input. After `max_trials` recoveries, one line names the
+  step. Under float16 an overflow alone is no divergence: the loss scale
+  skips that step and lowers itself.
   """
 
-  def __init__(self, trainer):
+  def __init__(self, trainer, checkpointer, max_trials, max_skipped):
     self.trainer = trainer
+    self.checkpointer = checkpointer
+    self.max_trials = max_trials
+    self.max_skipped = max_skipped
+    self.trials = 0
+    self._reset()
+
+  def _reset(self):
+    self._skipped_steps = self.trainer.skipped_steps
+    self._skipped_in_a_row = 0
 
   def __call__(self, execution):
-    loss = execution.outputs['loss']
-    if not math.isfinite(loss) and self.trainer.loss_scale is None:
-      raise FloatingPointError(f'training loss is {loss} at step '
-                               f'{execution.step}')
+    problem = self._problem(execution)
+    if not problem:
+      return
+    where = f'training diverged at step {execution.step} ({problem})'
+    if self.trials >= self.max_trials:
+      raise UserError(f'{where} after {self.trials} recoveries '
+                      f'(recovery_max_trials={self.max_trials}); lower '
+                      '--config.base_learning_rate or raise '
+                      '--config.warmup_epochs')
+    step = self.checkpointer.restore_last_saved()
+    if step is None:
+      raise UserError(f'{where} before its first checkpoint, so there is '
+                      'nothing to roll back to; lower '
+                      '--config.base_learning_rate or raise '
+                      '--config.warmup_epochs')
+    self.trials += 1
+    self._reset()
+    logging.warning('%s: restored the checkpoint of step %d and going on with '
+                    'the next input (recovery %d of at most %d)', where, step,
+                    self.trials, self.max_trials)
+    raise RolledBack(step)
+
+  def _problem(self, execution):
+    """What makes this execution diverged, or None."""
+    loss_scale = self.trainer.loss_scale
+    if loss_scale is None:
+      loss = execution.outputs['loss']
+      return None if math.isfinite(loss) else f'loss {loss}'
+    skipped = self.trainer.skipped_steps
+    all_skipped = skipped - self._skipped_steps >= execution.num_steps
+    self._skipped_steps = skipped
+    self._skipped_in_a_row = self._skipped_in_a_row + 1 if all_skipped else 0
+    if loss_scale < 1:
+      return f'loss scale {loss_scale:g} fell below 1'
+    if self._skipped_in_a_row >= self.max_skipped:
+      return (f'every step of {self._skipped_in_a_row} executions in a row was '
+              'skipped for non-finite gradients')
+    return None
 
 
 class SaveOnPreemption:

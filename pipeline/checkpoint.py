@@ -9,6 +9,7 @@ to the staging directory and checkpoint_gcs.CommittedSeries commits it to
 the bucket in the background; only committed checkpoints are restored.
 """
 
+import os
 import tempfile
 import time
 
@@ -18,6 +19,11 @@ from absl import logging
 from pipeline import checkpoint_gcs
 from pipeline.checkpoint_gcs import UploadError  # pylint: disable=unused-import
 from pipeline.checkpoint_gcs import step_of
+from pipeline.errors import UserError
+from pipeline.errors import first_line
+
+# What restoring a truncated, missing or corrupt checkpoint file raises.
+_DAMAGED = (tf.errors.OpError, ValueError, IndexError, AssertionError)
 
 
 class Checkpointer:
@@ -50,20 +56,82 @@ class Checkpointer:
     self.manager = tf.train.CheckpointManager(
         self.checkpoint, self.directory,
         max_to_keep=2 if self.gcs else max_to_keep)
+    self.is_chief = is_chief
     self.blocked_s = 0.0
 
   def restore_latest(self):
-    """Restores the newest committed checkpoint; returns its step or None.
+    """Restores the newest committed checkpoint that restores; its step or None.
 
-    Every worker restores the chief's checkpoint: all must resume at the
-    same step.
+    A damaged one (a truncated or missing file: what a full disk, a partial
+    copy or a bad sync leaves) is reported and the next older one tried;
+    if none restores, a one-line UserError names them. Every worker tries
+    the chief's checkpoints in the same order, so all resume at one step.
     """
+    damaged = []
+    for path in self._newest_first():
+      try:
+        self.checkpoint.restore(path, options=self.options
+                                ).assert_existing_objects_matched()
+      except _DAMAGED as e:
+        logging.warning('Checkpoint %s is damaged and cannot be restored '
+                        '(%s); trying the next older one', path,
+                        first_line(e))
+        damaged.append(path)
+        continue
+      logging.info('Restored %s', path)
+      if damaged:
+        self._set_aside(damaged)
+      return step_of(path)
+    if damaged:
+      raise UserError(
+          f'no checkpoint of {self.url} restores: {", ".join(damaged)} '
+          f'{"is" if len(damaged) == 1 else "are"} damaged; restore them '
+          'from a copy, or move the folder aside to start from step 0')
+    return None
+
+  @property
+  def url(self):
+    return self.gcs.url if self.gcs else self.shared_dir
+
+  def _newest_first(self):
+    """Local paths of the committed checkpoints, newest first."""
     if self.gcs:
-      path = self.gcs.fetch_latest()
-    else:
-      path = tf.train.latest_checkpoint(self.shared_dir)
+      yield from self.gcs.fetch_newest_first()
+      return
+    state = tf.train.get_checkpoint_state(self.shared_dir)
+    yield from reversed(state.all_model_checkpoint_paths if state else [])
+
+  def _set_aside(self, damaged):
+    """Takes damaged checkpoints out of the series, keeping their files.
+
+    Left in place, they would be tried first at every start, count towards
+    the checkpoints kept, and a later save of the same step would overwrite
+    them. Locally their files move to `damaged/`; on GCS a DAMAGED marker
+    replaces COMMITTED (checkpoint_gcs). Only the chief changes the workdir.
+    """
+    if not self.is_chief:
+      return
+    if self.gcs:
+      for path in damaged:
+        self.gcs.set_aside(step_of(path))
+      return
+    folder = os.path.join(self.shared_dir, 'damaged')
+    os.makedirs(folder, exist_ok=True)
+    for path in damaged:
+      for name in tf.io.gfile.glob(f'{path}.*'):
+        os.replace(name, os.path.join(folder, os.path.basename(name)))
+      logging.warning('Moved the damaged checkpoint %s to %s', path, folder)
+
+  def restore_last_saved(self):
+    """Restores this process's newest save (every worker saved that step).
+
+    Falls back to restore_latest() when this process has not saved yet.
+    Queued commits finish first, so the GCS series is settled.
+    """
+    self.wait()
+    path = self.manager.latest_checkpoint
     if not path:
-      return None
+      return self.restore_latest()
     self.checkpoint.restore(path, options=self.options
                             ).assert_existing_objects_matched()
     logging.info('Restored %s', path)

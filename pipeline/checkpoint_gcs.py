@@ -18,10 +18,15 @@ import shutil
 import threading
 
 from absl import logging
+from google.api_core import exceptions
+from google.resumable_media.common import DataCorruption
 
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 
 MARKER = 'COMMITTED'
+# Replaces MARKER on a committed checkpoint found damaged; its objects stay.
+DAMAGED = 'DAMAGED'
 
 
 class UploadError(UserError):
@@ -75,17 +80,20 @@ class CommittedSeries:
 
   # --- restore ---
 
-  def fetch_latest(self):
-    """Downloads the newest committed checkpoint; its local path, or None.
+  def fetch_newest_first(self):
+    """Downloads committed checkpoints newest first, yielding local paths.
 
     The chief first finishes staged uploads newer than the bucket's newest
-    commit (a run stopped by an outage) and deletes uncommitted folders.
+    commit (a run stopped by an outage) and deletes uncommitted folders. A
+    checkpoint whose objects are gone or fail their checksum yields a path
+    that does not restore, so the caller moves on to the next older one.
     """
     committed = self.committed_steps()
     if self.uploads:
       committed = self._finish_staged(committed)
       self._delete_uncommitted(committed)
-    return self._download(max(committed)) if committed else None
+    for step in sorted(committed, reverse=True):
+      yield self._download(step)
 
   def _staged_root(self):
     return os.path.join(self.local_dir, 'uploading')
@@ -102,20 +110,38 @@ class CommittedSeries:
         shutil.rmtree(os.path.join(root, name))
     return committed
 
+  def set_aside(self, step):
+    """Uncommits a damaged checkpoint: DAMAGED replaces its COMMITTED."""
+    self.remote.write_text(self._object(step, DAMAGED), 'did not restore')
+    self.remote.delete(self._object(step, MARKER))
+    logging.warning('Marked checkpoint %d in %s as %s; its objects are kept',
+                    step, self.url, DAMAGED)
+
   def _delete_uncommitted(self, committed):
-    for name in self.remote.list(f'{self.series}/'):
-      if step_of(name) not in committed:
+    names = self.remote.list(f'{self.series}/')
+    kept = committed + [step_of(n) for n in names if n.endswith('/' + DAMAGED)]
+    for name in names:
+      if step_of(name) not in kept:
         logging.info('Deleting uncommitted %s/%s', self.remote.url, name)
         self.remote.delete(name)
 
   def _download(self, step):
-    manifest = self.remote.read_json(self._object(step, MARKER))
     target = os.path.join(self.local_dir, 'restored', f'ckpt-{step}')
-    os.makedirs(target, exist_ok=True)
-    for name in manifest['files']:
-      self.remote.download(self._object(step, name), os.path.join(target, name))
-    logging.info('Downloaded committed checkpoint %d from %s', step,
-                 self.remote.url)
+    if os.path.isdir(target):
+      shutil.rmtree(target)  # A partial download of an earlier start.
+    os.makedirs(target)
+    try:
+      manifest = self.remote.read_json(self._object(step, MARKER))
+      for name in manifest['files']:
+        self.remote.download(self._object(step, name),
+                             os.path.join(target, name))
+    except (exceptions.NotFound, DataCorruption, ValueError, KeyError,
+            TypeError) as e:  # Gone, failed its checksum, or a bad marker.
+      logging.warning('Committed checkpoint %d in %s could not be '
+                      'downloaded (%s)', step, self.url, first_line(e))
+    else:
+      logging.info('Downloaded committed checkpoint %d from %s', step,
+                   self.remote.url)
     return os.path.join(target, f'ckpt-{step}')
 
   # --- commit ---
@@ -155,6 +181,7 @@ class CommittedSeries:
     # The marker goes last: a checkpoint without it is never restored.
     self.remote.write_text(self._object(step, MARKER),
                            json.dumps({'step': step, 'files': checksums}))
+    self.remote.delete(self._object(step, DAMAGED))  # Of an earlier try.
     shutil.rmtree(staged)
     logging.info('Committed checkpoint %d to %s', step, self.remote.url)
     self._prune()

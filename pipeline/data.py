@@ -11,9 +11,12 @@ per replica.
 import os
 import re
 
+from absl import logging
 import keras
 import tensorflow as tf
 
+from pipeline import gcs
+from pipeline import storage
 from pipeline.errors import UserError
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -182,8 +185,18 @@ def _available_memory_bytes():
   return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
 
 
-def check_cache_fits(config, source, available_bytes=None):
-  """Refuses a memory cache that would not fit in the free RAM (half of it)."""
+def check_cache(config, source, available_bytes=None):
+  """Refuses a memory cache that would not fit in the free RAM (half of it),
+  or a file cache whose folder cannot be written."""
+  if config.cache not in ('memory', ''):
+    if not gcs.is_gcs(config.cache):  # A TPU Node's: its workers write it.
+      try:
+        storage.check_writable(os.path.dirname(os.path.abspath(config.cache)),
+                               what=f'cache={config.cache!r}: folder')
+      except UserError as e:
+        raise UserError(f"{e}; use a writable path prefix, 'memory' or '' "
+                        '(no cache)') from None
+    return
   if config.cache != 'memory':
     return
   size = _cache_size(config)
@@ -202,9 +215,26 @@ def _cache(dataset, config, split, input_context):
     return dataset.cache()
   if config.cache:
     # One file cache per split and input pipeline; each holds its own shard.
-    return dataset.cache(f'{config.cache}-{split}-'
-                         f'{input_context.input_pipeline_id}')
+    prefix = f'{config.cache}-{split}-{input_context.input_pipeline_id}'
+    _remove_stale_cache_lock(prefix)
+    return dataset.cache(prefix)
   return dataset
+
+
+def _remove_stale_cache_lock(prefix):
+  """Removes what a run stopped mid-way through writing a file cache left.
+
+  tf.data writes the cache in the first pass under a lock file and renames
+  it into place at the end; a run killed before that leaves the lock, and
+  the next run would fail in its first step ("concurrent caching iterator
+  running"). Only this run reads and writes its pipeline's prefix.
+  """
+  leftovers = (tf.io.gfile.glob(f'{prefix}*.lockfile') +
+               tf.io.gfile.glob(f'{prefix}*.tempstate*'))
+  for path in leftovers:
+    logging.warning('Removing %s, left by a run that stopped while writing '
+                    'its cache; the cache is written anew', path)
+    tf.io.gfile.remove(path)
 
 
 # --- input functions ------------------------------------------------------------

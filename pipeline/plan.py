@@ -148,7 +148,7 @@ def resolve(config, request, hardware=None):
   validate(config, hardware)
   workdir = _open_workdir(config, request, hardware)
   source = sources.load_source(config)
-  data.check_cache_fits(config, source)
+  data.check_cache(config, source)
   steps_per_epoch = epoch_steps(config.get('examples_per_epoch', 0),
                                 source.num_train_examples,
                                 config.global_batch_size)
@@ -238,10 +238,13 @@ def validate(config, hardware):
     raise UserError(f'global_batch_size={config.global_batch_size} does not '
                     f'split over {replicas} replicas; use a multiple of '
                     f'{replicas}')
-  for key in ('epochs', 'log_every_steps',
-              'checkpoint_every_steps', 'keep_checkpoints'):
+  for key in ('epochs', 'log_every_steps', 'checkpoint_every_steps',
+              'keep_checkpoints', 'recovery_max_skipped_executions'):
     if config[key] < 1:
       raise UserError(f'{key}={config[key]} must be 1 or more')
+  if config.recovery_max_trials < 0:
+    raise UserError(f'recovery_max_trials={config.recovery_max_trials} must '
+                    'be 0 or more')
   if config.model not in models.MODELS:
     raise UserError(f'unknown model {config.model!r}; accepted: '
                     f'{", ".join(models.MODELS)}')

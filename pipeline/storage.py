@@ -13,20 +13,20 @@ import tensorflow as tf
 
 from pipeline import gcs
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 
 
-def check_writable(workdir):
-  """Creates `workdir` and proves a file can be written there."""
-  probe = os.path.join(workdir, f'.write-probe-{uuid.uuid4().hex}')
+def check_writable(directory, what='workdir'):
+  """Creates `directory` and proves a file can be written there."""
+  probe = os.path.join(directory, f'.write-probe-{uuid.uuid4().hex}')
   try:
-    tf.io.gfile.makedirs(workdir)
+    tf.io.gfile.makedirs(directory)
     with tf.io.gfile.GFile(probe, 'w') as f:
       f.write('ok')
     tf.io.gfile.remove(probe)
   except (tf.errors.OpError, OSError) as e:
-    reason = getattr(e, 'message', None) or str(e)
-    raise UserError(f'workdir {workdir!r} cannot be written: '
-                    f'{reason.strip().splitlines()[0]}')
+    raise UserError(f'{what} {directory!r} cannot be written: '
+                    f'{first_line(e)}')
 
 
 def remote_tpu_local_paths(config, workdir):
@@ -113,9 +113,15 @@ class Workdir:
       self.remote.preflight()
 
   def read_json(self, relative):
-    if self.remote:
-      return self.remote.read_json(relative)
-    return read_json(self.path(relative))
+    """A workdir file's JSON, None if absent; a damaged one is one line."""
+    try:
+      if self.remote:
+        return self.remote.read_json(relative)
+      return read_json(self.path(relative))
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError.
+      raise UserError(f'{self.url}/{relative} is damaged ({first_line(e)}); '
+                      'move it aside (the run writes it anew from the '
+                      'config) or use another --workdir') from None
 
   def write_json(self, relative, obj):
     write_json(self.path(relative), obj)

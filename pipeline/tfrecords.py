@@ -44,14 +44,37 @@ def list_files(pattern):
     raise UserError(f'cannot list files matching {pattern!r}: {e.message}')
   if not files:
     raise UserError(f'no file matches {pattern!r}')
+  folders = [f for f in files if tf.io.gfile.isdir(f)]
+  if folders:
+    raise UserError(f'{pattern!r} matches the folder {folders[0]}; give a '
+                    f'glob of TFRecord files, e.g. {folders[0]}/train-*')
   return files
 
 
 def count_records(files):
-  """Records in `files` that the reader can read (one fast pass, no decoding)."""
-  dataset = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
-  return int(dataset.ignore_errors().reduce(tf.constant(0, tf.int64),
-                                            lambda n, _: n + 1))
+  """Records in `files` that the reader can read (one fast pass, no decoding).
+
+  A file with no readable record at all is not a TFRecord file (or is
+  damaged from its start): a one-line UserError names it. A file damaged
+  further in keeps the records before the damage.
+  """
+  indices = tf.data.Dataset.from_tensor_slices(
+      (files, tf.range(len(files), dtype=tf.int64)))
+  per_record = indices.interleave(
+      lambda name, index: tf.data.TFRecordDataset(name).ignore_errors().map(
+          lambda _: index),
+      cycle_length=min(len(files), 16), num_parallel_calls=tf.data.AUTOTUNE)
+  counts = per_record.reduce(
+      tf.zeros(len(files), tf.int64),
+      lambda counts, index: tf.tensor_scatter_nd_add(counts, [[index]], [1]))
+  unreadable = [name for name, count in zip(files, counts.numpy()) if not count]
+  if unreadable:
+    raise UserError(
+        f'{unreadable[0]} has no readable record'
+        f'{f" (nor {len(unreadable) - 1} other file(s))" if len(unreadable) > 1 else ""}'
+        ': it is not a TFRecord file, or is damaged from its start; expected '
+        f'TFRecord files of tf.train.Example with {IMAGE_KEY} and {LABEL_KEY}')
+  return int(counts.numpy().sum())
 
 
 def parse(record):

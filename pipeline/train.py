@@ -21,8 +21,8 @@ from pipeline.checkpoint import Checkpointer
 def train_and_evaluate(config, plan, extra_actions=()):
   """Trains to the plan's last step, resuming from the workdir; returns metrics.
 
-  `extra_actions` run after the built-in ones at every execution boundary
-  (see pipeline/actions.py for the interface).
+  `extra_actions` run before the built-in ones at every execution boundary
+  (see pipeline/actions.py for the interface), so a test can inject a fault.
   """
   hardware, workdir = plan.hardware, plan.workdir
   if hardware.is_chief:
@@ -56,13 +56,15 @@ def train_and_evaluate(config, plan, extra_actions=()):
   preemption = actions.SaveOnPreemption(checkpointer, workdir)
   try:
     run_loop(trainer, iter(train_data), plan, initial_step, [
+        *extra_actions,
         progress,
-        actions.StopOnNonFiniteLoss(trainer),
+        actions.RecoverFromDivergence(trainer, checkpointer,
+                                      config.recovery_max_trials,
+                                      config.recovery_max_skipped_executions),
         preemption,
         actions.SaveCheckpoints(checkpointer, config.checkpoint_every_steps,
                                 train_writer, workdir),
         evaluate,
-        *extra_actions,
     ])
     final_eval = evaluate.run(plan.total_steps)
     checkpointer.wait()
@@ -101,6 +103,9 @@ def run_loop(trainer, iterator, plan, initial_step, periodic_actions):
     outputs = trainer.train(iterator, num_steps)
     execution = actions.Execution(step, step + num_steps, plan.total_steps,
                                   time.perf_counter() - start, outputs)
-    for action in periodic_actions:
-      action(execution)
-    step = execution.step
+    try:
+      for action in periodic_actions:
+        action(execution)
+      step = execution.step
+    except actions.RolledBack as rollback:  # Divergence recovery.
+      step = rollback.step

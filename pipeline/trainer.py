@@ -35,6 +35,7 @@ class Trainer:
   eval_fn: object
   num_classes: int
   label_offset: int
+  out_of_memory: str  # The one line for a ResourceExhaustedError.
 
   @property
   def skipped_steps(self):
@@ -75,6 +76,8 @@ class Trainer:
           f'another worker stopped or never answered ({type(e).__name__}: '
           f'{first_line(e)}); restart all workers with the same command '
           'to resume from the last checkpoint') from None
+    except tf.errors.ResourceExhaustedError:
+      raise UserError(self.out_of_memory) from None
     except tf.errors.InvalidArgumentError as e:
       message = data.label_error(e, self.num_classes, self.label_offset)
       if message:
@@ -82,8 +85,28 @@ class Trainer:
       raise
 
 
+def out_of_memory_message(config, plan):
+  """One line for an accelerator (or host) that ran out of memory."""
+  hardware = plan.hardware
+  return (f'out of memory on {hardware.device_kind} ({hardware.detail}): '
+          f'{config.model} at image_size={config.image_size} with '
+          f'{plan.per_replica_batch_size} images per replica '
+          f'(global_batch_size={plan.global_batch_size}) under '
+          f'{plan.policy}; lower --config.global_batch_size or '
+          '--config.image_size, or pick a smaller model'
+          + ('' if plan.precision.sixteen_bit else
+             ' or a 16-bit --policy (half the activation memory)'))
+
+
 def build(config, plan):
   """Sets the policy and seed, then builds everything in the strategy scope."""
+  try:
+    return _build(config, plan)
+  except tf.errors.ResourceExhaustedError:
+    raise UserError(out_of_memory_message(config, plan)) from None
+
+
+def _build(config, plan):
   hardware = plan.hardware
   strategy = hardware.strategy
   num_classes = plan.source.num_classes
@@ -107,4 +130,4 @@ def build(config, plan):
       jit_compile=plan.xla and hardware.device_kind != 'TPU')
   eval_fn = steps.make_eval_function(model, strategy, num_classes)
   return Trainer(model, optimizer, step, train_fn, eval_fn, num_classes,
-                 config.label_offset)
+                 config.label_offset, out_of_memory_message(config, plan))

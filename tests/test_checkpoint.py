@@ -94,3 +94,58 @@ def test_local_io_device_saves_and_restores(tmp_path):
   fresh = Checkpointer(workdir, 2, True, io_device='/job:localhost',
                        value=value)
   assert fresh.restore_latest() == 7 and float(value.numpy()) == 3.0
+
+
+def _truncate(path):
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def test_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path):
+  """A truncated data file (full disk, partial copy): warn, restore the
+  next older one, keep the damaged files; none restores: one line."""
+  from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
+  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  value = tf.Variable(tf.zeros(1000))
+  saver = Checkpointer(workdir, 3, True, value=value)
+  for step in (1, 2, 3):
+    value.assign(tf.fill([1000], float(step)))
+    saver.save(step)
+  folder = tmp_path / 'run' / 'checkpoints'
+  _truncate(next(folder.glob('ckpt-3.data-*')))
+  value.assign(tf.zeros(1000))
+  fresh = Checkpointer(workdir, 3, True, value=value)
+  assert fresh.restore_latest() == 2
+  assert float(value[0]) == 2.0
+  assert sorted(p.name.split('.')[0] for p in (folder / 'damaged').iterdir()
+                ) == ['ckpt-3', 'ckpt-3']  # Index and data file, kept.
+  assert not list(folder.glob('ckpt-3.*'))
+  # Every remaining checkpoint damaged: one line naming them, nothing moved.
+  for step in (1, 2):
+    _truncate(next(folder.glob(f'ckpt-{step}.data-*')))
+  with pytest.raises(UserError, match=r'no checkpoint of .* restores: '
+                     r'.*ckpt-2, .*ckpt-1 are damaged'):
+    Checkpointer(workdir, 3, True, value=value).restore_latest()
+
+
+def test_damaged_committed_checkpoint_on_gcs_is_set_aside(emulator, tmp_path):
+  url = 'gs://runs/damaged'
+  saver, value, workdir = _checkpointer(url, tmp_path / 'a')
+  for step in (10, 20):
+    value.assign(float(step))
+    saver.save(step)
+  saver.wait()
+  data = [n for n in emulator.names('runs', 'damaged/checkpoints/ckpt-20/')
+          if '.data-' in n]
+  workdir.remote.delete(data[0][len('damaged/'):])  # Deleted after its commit.
+  fresh, fresh_value, _ = _checkpointer(url, tmp_path / 'b')
+  assert fresh.restore_latest() == 10 and float(fresh_value.numpy()) == 10.0
+  names = emulator.names('runs', 'damaged/checkpoints/ckpt-20/')
+  assert 'damaged/checkpoints/ckpt-20/DAMAGED' in names
+  assert 'damaged/checkpoints/ckpt-20/COMMITTED' not in names
+  assert 'damaged/checkpoints/ckpt-20/ckpt-20.index' in names  # Kept.
+  # The next start restores 10 directly and keeps the damaged objects.
+  again, again_value, _ = _checkpointer(url, tmp_path / 'c')
+  assert again.restore_latest() == 10 and float(again_value.numpy()) == 10.0
+  assert 'damaged/checkpoints/ckpt-20/ckpt-20.index' in emulator.names(
+      'runs', 'damaged/checkpoints/ckpt-20/')

@@ -171,3 +171,62 @@ def test_gradients_are_summed_once_across_replicas(mirrored):
   assert np.abs(single).max() > 1e-3  # The step moved the weights.
   np.testing.assert_allclose(one_step(mirrored), single, rtol=1e-4,
                              atol=1e-6)
+
+
+def test_float16_divergence_is_seen_through_the_loss_scale(tmp_path):
+  """Under float16 a non-finite loss alone is no divergence: the loss scale
+  skips the step. Executions whose every step is skipped, or a loss scale
+  below 1, are: a real LossScaleOptimizer on poisoned (NaN) weights."""
+  import math  # pylint: disable=g-import-not-at-top
+  from pipeline import actions  # pylint: disable=g-import-not-at-top
+  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  from pipeline import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
+  keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    model = _small_model()
+    optimizer = precision.wrap_optimizer(keras.optimizers.SGD(0.1),
+                                         'mixed_float16')
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+    train_fn = steps.make_train_function(
+        model, optimizer, tf.distribute.get_strategy(), GLOBAL_BATCH,
+        NUM_CLASSES, 0.0, step, jit_compile=False)
+    trainer = trainer_lib.Trainer(model, optimizer, step, train_fn, None,
+                                  NUM_CLASSES, 0, 'out of memory')
+    checkpointer = Checkpointer(
+        storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging')), 2,
+        True, model=model, optimizer=optimizer, step=step)
+    iterator = iter(_dataset(tf.distribute.InputContext()))
+    trainer.train(iterator, 2)
+    checkpointer.save(2)
+    healthy = [w.numpy() for w in model.weights]
+    saved_skips, saved_scale = trainer.skipped_steps, trainer.loss_scale
+    recover = actions.RecoverFromDivergence(trainer, checkpointer,
+                                            max_trials=1, max_skipped=3)
+
+    def execution():
+      first = int(step.numpy())
+      out = trainer.train(iterator, 2)
+      recover(actions.Execution(first, first + 2, 100, 0.1, out))
+
+    for weight in model.trainable_variables:
+      weight.assign(tf.fill(weight.shape, math.nan))
+    execution()  # Every step skipped, twice in a row: not yet diverged.
+    execution()
+    assert trainer.skipped_steps == saved_skips + 4
+    assert trainer.loss_scale == saved_scale / 16
+    with pytest.raises(actions.RolledBack) as rolled:
+      execution()  # The third in a row: rolled back to step 2.
+    assert rolled.value.step == 2 and int(step.numpy()) == 2
+    assert trainer.skipped_steps == saved_skips
+    assert trainer.loss_scale == saved_scale
+    for weight, value in zip(model.weights, healthy):
+      np.testing.assert_array_equal(weight.numpy(), value)
+    optimizer.dynamic_scale.assign(0.5)
+    with pytest.raises(UserError, match=r'diverged at step 4 \(loss scale 0.5 '
+                       r'fell below 1\) after 1 recoveries'):
+      execution()
+  finally:
+    keras.mixed_precision.set_global_policy('float32')

@@ -94,10 +94,13 @@ def _wait_for_checkpoint(process, workdir, timeout_s=400):
   raise AssertionError('no checkpoint within the timeout')
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_its_step_count(tmp_path, tfds_dir):
   """SIGKILL after the first checkpoint, rerun: the step count continues.
 
-  mixed_float16 puts the loss scale in the checkpoint too.
+  mixed_float16 puts the loss scale in the checkpoint too. Slow tier (2.5
+  minutes: float16 runs emulated on a CPU); the fast tier kills and resumes
+  a run through GCS (test_gcs_run.py) and resumes in-process.
   """
   workdir = str(tmp_path / 'run')
   args = tiny_args(workdir, tfds_dir, '--policy=mixed_float16',

@@ -3,11 +3,17 @@
 As the Flax ImageNet example's train_test.py does: no launcher, no child
 process; the plan is resolved from a config and a Request, the run trains,
 checkpoints, evaluates and exports, and the returned metrics are checked.
-A periodic action plugged in from outside sees every execution.
+A periodic action plugged in from outside sees every execution, and injects
+a fault once: the run rolls back to its newest checkpoint and finishes. Then
+the same workdir resumes at a learning rate that really overflows float32:
+every execution diverges, and after N recoveries the run stops in one line.
+(One test, one workdir: each train_and_evaluate builds and traces B0 anew.)
 """
 
+import math
 import os
 
+import pytest
 import tensorflow as tf
 
 from configs import default
@@ -15,40 +21,61 @@ from pipeline import devices
 from pipeline import plan as plan_lib
 from pipeline import storage
 from pipeline import train
+from pipeline.errors import UserError
 
 
-def test_train_and_evaluate_in_process(tmp_path, tfds_dir):
+def _config(tfds_dir, **fields):
   config = default.get_config()
   config.update(data_dir=tfds_dir, train_split='train[:128]',
-                eval_split='test[:64]', global_batch_size=32, epochs=2,
+                eval_split='test[:64]', global_batch_size=32,
                 steps_per_execution=2, log_every_steps=2, eval_every_epochs=1,
-                checkpoint_every_steps=3)
-  workdir = str(tmp_path / 'run')
+                checkpoint_every_steps=3, recovery_max_trials=2)
+  config.update(fields)
+  return config
+
+
+def _plan(config, workdir):
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
-  plan = plan_lib.resolve(config, plan_lib.Request(workdir=workdir), hardware)
+  return plan_lib.resolve(config, plan_lib.Request(workdir=workdir), hardware)
+
+
+def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
+  workdir = str(tmp_path / 'run')
+  config = _config(tfds_dir, epochs=2)
+  plan = _plan(config, workdir)
   assert (plan.steps_per_epoch, plan.total_steps) == (4, 8)
   assert plan.policy == 'float32' and plan.steps_per_execution == 2
 
   executions = []
-  metrics = train.train_and_evaluate(
-      config, plan, extra_actions=[lambda e: executions.append(
-          (e.first_step, e.step, e.is_last, sorted(e.outputs)))])
 
-  # The plugged-in action ran once per execution, after the built-in ones.
+  def record_and_poison_once(execution):
+    executions.append((execution.first_step, execution.step,
+                       execution.is_last, sorted(execution.outputs)))
+    if execution.first_step == 4 and len(executions) == 3:
+      execution.outputs['loss'] = math.nan  # An injected fault, once.
+
+  metrics = train.train_and_evaluate(config, plan,
+                                     extra_actions=[record_and_poison_once])
+
+  # Once per execution; the poisoned one rolled back to the checkpoint of
+  # step 4 and the run went on from there to the end.
   outputs = ['accuracy', 'input_wait_s', 'loss']
   assert executions == [(0, 2, False, outputs), (2, 4, False, outputs),
-                        (4, 6, False, outputs), (6, 8, True, outputs)]
+                        (4, 6, False, outputs), (4, 6, False, outputs),
+                        (6, 8, True, outputs)]
   assert metrics['initial_step'] == 0 and metrics['train_steps'] == 8
   assert metrics['strategy'] == 'DefaultStrategy'
   assert metrics['eval_examples'] == 64
   assert 0.0 <= metrics['eval_accuracy'] <= 1.0
-  assert metrics['eval_loss'] > 0 and metrics['train_images_per_sec'] > 0
+  assert math.isfinite(metrics['eval_loss']) and metrics['eval_loss'] > 0
+  assert metrics['train_images_per_sec'] > 0
   assert metrics['weights_sha256'] != metrics['initial_weights_sha256']
   assert metrics['export_dir'] == f'{workdir}/export'
   assert os.path.exists(os.path.join(workdir, 'export', 'saved_model.pb'))
   # Checkpoints at the multiples of 3 the executions crossed, and the end.
-  state = tf.train.get_checkpoint_state(os.path.join(workdir, 'checkpoints'))
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  state = tf.train.get_checkpoint_state(checkpoints)
   assert [int(p.rsplit('-', 1)[1]) for p in
           state.all_model_checkpoint_paths] == [4, 6, 8]
   # run.json is the plan written out; metrics.json what was returned.
@@ -56,3 +83,15 @@ def test_train_and_evaluate_in_process(tmp_path, tfds_dir):
   assert run['resolved'] == plan.to_json()
   assert run['resolved']['steps_per_epoch'] == 4
   assert storage.read_json(os.path.join(workdir, 'metrics.json')) == metrics
+
+  # One more epoch at a learning rate that overflows float32: every
+  # execution diverges; after 2 recoveries the run stops in one line.
+  config = _config(tfds_dir, epochs=3, base_learning_rate=1e35)
+  executions.clear()
+  with pytest.raises(UserError, match=r'training diverged at step 10 \(loss '
+                     r'nan\) after 2 recoveries \(recovery_max_trials=2\)'):
+    train.train_and_evaluate(config, _plan(config, workdir),
+                             extra_actions=[executions.append])
+  assert [(e.first_step, e.step) for e in executions] == [(8, 10)] * 3
+  state = tf.train.get_checkpoint_state(checkpoints)
+  assert state.model_checkpoint_path.endswith('ckpt-8')

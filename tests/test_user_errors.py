@@ -1,0 +1,117 @@
+"""Bad input that needs no trained model: one line, a non-zero exit, no traceback.
+
+Table-driven: every case is a real `python -m launch.train` process, with
+--dry_run wherever the mistake is found before the model (as it should be).
+The processes run as one batch, two at a time, so the table stays fast.
+Files a case prepares (a damaged run.json, a file that is not a TFRecord)
+are checked to be untouched afterwards.
+"""
+
+import concurrent.futures
+import hashlib
+import os
+
+from conftest import run_train
+
+
+def _tree_digest(root):
+  digest = hashlib.sha256()
+  for folder, _, files in sorted(os.walk(root)):
+    for name in sorted(files):
+      path = os.path.join(folder, name)
+      digest.update(path.encode())
+      with open(path, 'rb') as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
+def _cases(root, tfds_dir):
+  """(name, flags, text the one error line must hold, folder kept intact)."""
+  data = f'--config.data_dir={tfds_dir}'
+  (root / 'syntax.py').write_text('def get_config(:\n  pass\n')
+  (root / 'raises.py').write_text('def get_config():\n  return missing\n')
+  damaged = root / 'damaged_run'
+  damaged.mkdir()
+  (damaged / 'run.json').write_text('{"resolved": {"device_kind": "CP')
+  (root / 'not_tfrecord').mkdir()
+  (root / 'not_tfrecord' / 'train-0').write_text('just some text\n' * 50)
+  (root / 'readme.tfrecord').write_bytes(b'')
+  tfrecord = ['--config.dataset=tfrecord', '--config.num_classes=10',
+              f'--config.eval_files={root / "not_tfrecord" / "train-*"}']
+  work = f'--workdir={root / "run"}'
+  return [
+      ('config syntax error', [f'--config={root / "syntax.py"}', work],
+       f"config file '{root / 'syntax.py'}' line 1: invalid syntax", None),
+      ('config that raises', [f'--config={root / "raises.py"}', work],
+       "NameError: name 'missing' is not defined", None),
+      ('unwritable file cache', [work, data, '--dry_run',
+                                 '--config.cache=/proc/forbidden/cache'],
+       "cache='/proc/forbidden/cache': folder '/proc/forbidden' cannot be "
+       'written', None),
+      ('damaged run.json', [f'--workdir={damaged}', data, '--dry_run'],
+       f'{damaged}/run.json is damaged', damaged),
+      ('not a TFRecord file', [work, '--dry_run', *tfrecord,
+                               f'--config.train_files={root}/not_tfrecord/*'],
+       f'{root}/not_tfrecord/train-0 has no readable record', None),
+      ('empty TFRecord file', [work, '--dry_run', *tfrecord,
+                               f'--config.train_files={root}/*.tfrecord'],
+       'readme.tfrecord has no readable record', None),
+      ('examples per epoch', [work, data, '--dry_run',
+                              '--config.examples_per_epoch=100'],
+       'examples_per_epoch=100 must be 0', None),
+      ('recovery trials', [work, data, '--dry_run',
+                           '--config.recovery_max_trials=-1'],
+       'recovery_max_trials=-1 must be 0 or more', None),
+  ]
+
+
+def test_bad_input_table(tmp_path, tfds_dir):
+  cases = _cases(tmp_path, tfds_dir)
+  kept = {name: _tree_digest(folder) for name, _, _, folder in cases if folder}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    results = list(pool.map(lambda case: run_train(*case[1], timeout=300),
+                            cases))
+  failures = []
+  for (name, _, text, folder), result in zip(cases, results):
+    errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+    if (result.returncode == 0 or 'Traceback' in result.stderr or
+        len(errors) != 1 or text not in errors[0]):
+      failures.append(f'{name}: exit {result.returncode}, error lines '
+                      f'{errors}; stderr tail: {result.stderr[-1500:]}')
+    if folder and _tree_digest(folder) != kept[name]:
+      failures.append(f'{name}: {folder} was changed')
+  assert not failures, '\n'.join(failures)
+
+
+
+def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
+  """No accelerator here can be run out of memory safely: the compiled
+  function is stood in for by one that raises what TensorFlow raises then
+  (ResourceExhaustedError); the plan and the message are real."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from pipeline import devices  # pylint: disable=g-import-not-at-top
+  from pipeline import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from pipeline import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.update(data_dir=tfds_dir, image_size=64, global_batch_size=64)
+  plan = plan_lib.resolve(
+      config, plan_lib.Request(workdir=str(tmp_path / 'run')),
+      devices.Hardware(tf.distribute.get_strategy(), 'CPU', detail='host'))
+
+  def exhausted(iterator, num_steps):
+    del iterator, num_steps
+    raise tf.errors.ResourceExhaustedError(None, None, 'OOM when allocating')
+
+  trainer = trainer_lib.Trainer(
+      None, None, None, exhausted, exhausted, 10, 0,
+      trainer_lib.out_of_memory_message(config, plan))
+  with pytest.raises(UserError) as error:
+    trainer.train(None, 4)
+  assert str(error.value) == (
+      'out of memory on CPU (host): efficientnet_b0 at image_size=64 with 64 '
+      'images per replica (global_batch_size=64) under float32; lower '
+      '--config.global_batch_size or --config.image_size, or pick a smaller '
+      'model or a 16-bit --policy (half the activation memory)')
