@@ -288,12 +288,14 @@ class Evaluate:
   `run` after the loop), so the last step is not evaluated here.
   """
 
-  def __init__(self, trainer, dataset, num_steps, every_steps, writer):
+  def __init__(self, trainer, dataset, num_steps, every_steps, writer,
+               listeners=()):
     self.trainer = trainer
     self.dataset = dataset
     self.num_steps = num_steps
     self.every_steps = every_steps
     self.writer = writer
+    self.listeners = listeners  # Called with (step, result) after each.
 
   def __call__(self, execution):
     if execution.crossed(self.every_steps) and not execution.is_last:
@@ -302,9 +304,62 @@ class Evaluate:
   def run(self, step):
     """Evaluates the current weights; returns loss, accuracy and examples."""
     result = self.trainer.evaluate(iter(self.dataset), self.num_steps)
-    logging.info('Eval at step %d: accuracy %.4f, loss %.4f over %d examples',
-                 step, result['accuracy'], result['loss'], result['examples'])
+    top5 = self.trainer.num_classes > 5  # Else top-5 accuracy is always 1.
+    logging.info('Eval at step %d: accuracy %.4f%s, loss %.4f over %d '
+                 'examples', step, result['accuracy'],
+                 f', top-5 {result["top5_accuracy"]:.4f}' if top5 else '',
+                 result['loss'], result['examples'])
     with self.writer.as_default(step=step):
       tf.summary.scalar('accuracy', result['accuracy'])
       tf.summary.scalar('loss', result['loss'])
+      if top5:
+        tf.summary.scalar('top5_accuracy', result['top5_accuracy'])
+    for listener in self.listeners:
+      listener(step, result)
     return result
+
+
+class KeepBest:
+  """Keeps the checkpoint with the best eval metric as a series of its own.
+
+  `checkpointer` is a Checkpointer of the 'checkpoints_best' series keeping
+  one: the rolling series' pruning never touches it. The best value so far
+  lives in best_checkpoint.json in the workdir, so a resumed run compares
+  with it.
+  """
+
+  def __init__(self, metric, checkpointer, workdir, is_chief):
+    self.metric = metric  # 'eval_accuracy' or 'eval_loss'.
+    self.checkpointer = checkpointer
+    self.workdir = workdir
+    self.is_chief = is_chief
+    # Every worker reads it: all must decide alike (they all join a save).
+    self.best = workdir.read_json(self.RECORD)
+
+  RECORD = 'best_checkpoint.json'
+
+  def _better(self, value):
+    if self.best is None:
+      return True
+    if self.metric == 'eval_loss':
+      return value < self.best['value']
+    return value > self.best['value']
+
+  def __call__(self, step, result):
+    value = result[self.metric[len('eval_'):]]
+    # Every worker takes part in the save (tf.distribute needs them all);
+    # they agree, since the eval result is reduced across all of them.
+    if not self._better(value):
+      return
+    self.checkpointer.save(step)
+    self.best = {'metric': self.metric, 'value': value, 'step': step}
+    if self.is_chief:
+      self.checkpointer.wait()  # The record never names an uncommitted one.
+      self.workdir.write_json(self.RECORD, self.best)
+    logging.info('Best %s so far: %.4f at step %d (kept in checkpoints_best)',
+                 self.metric, value, step)
+
+  def metrics(self):
+    """metrics.json's keys for the best checkpoint."""
+    return {'best_metric': self.metric, 'best_step': self.best['step'],
+            'best_value': self.best['value']}

@@ -89,6 +89,31 @@ class Checkpointer:
           'from a copy, or move the folder aside to start from step 0')
     return None
 
+  def restore_step(self, step):
+    """Restores the committed checkpoint of `step`, or a one-line UserError."""
+    available = self.committed_steps()
+    if step not in available:
+      raise UserError(f'{self.url} has no committed checkpoint of step {step}'
+                      f'; committed: {", ".join(map(str, available)) or "none"}')
+    path = (self.gcs.fetch(step) if self.gcs else
+            os.path.join(self.shared_dir, f'ckpt-{step}'))
+    try:
+      self.checkpoint.restore(path, options=self.options
+                              ).assert_existing_objects_matched()
+    except _DAMAGED as e:
+      raise UserError(f'checkpoint {path} is damaged and cannot be restored: '
+                      f'{first_line(e)}') from None
+    logging.info('Restored %s', path)
+    return step
+
+  def committed_steps(self):
+    """Steps of the committed checkpoints, oldest first."""
+    if self.gcs:
+      return self.gcs.committed_steps()
+    state = tf.train.get_checkpoint_state(self.shared_dir)
+    return sorted(step_of(p) for p in
+                  (state.all_model_checkpoint_paths if state else []))
+
   @property
   def url(self):
     return self.gcs.url if self.gcs else self.shared_dir

@@ -95,6 +95,10 @@ class CommittedSeries:
     for step in sorted(committed, reverse=True):
       yield self._download(step)
 
+  def fetch(self, step):
+    """Downloads the committed checkpoint of `step`; its local path."""
+    return self._download(step)
+
   def _staged_root(self):
     return os.path.join(self.local_dir, 'uploading')
 

@@ -48,6 +48,22 @@ class SkipCounter:
     return int(self.variable.numpy())
 
 
+def eval_preprocessing(config):
+  """How evaluation turns a file into the model's input, as the export's
+  metadata records it: see eval_image."""
+  return {'image_size': config.image_size, 'decode_size': _cache_size(config),
+          'rule': 'decode (grayscale, RGBA, CMYK -> RGB); resize the shorter '
+                  'side to decode_size (antialiased); centre crop '
+                  'decode_size; centre crop image_size'}
+
+
+def eval_image(encoded, image_size, decode_size):
+  """Encoded JPEG/PNG bytes -> the uint8 [image_size, image_size, 3] input
+  evaluation gives the model (the same ops as eval_input_fn)."""
+  image = _decode_image(encoded, decode_size)
+  return _central_crop(image, None, image_size)[0]
+
+
 def _cache_size(config):
   if config.augment.startswith('inception'):
     return int(round(config.image_size / _CENTRAL_FRACTION))

@@ -6,6 +6,8 @@ handled: a checkpoint was committed, exit status 143. Anything else is a bug
 and keeps its traceback.
 """
 
+import re
+
 
 class UserError(Exception):
   """A bad flag, config value, path or environment, explained in one line."""
@@ -16,6 +18,12 @@ class Preempted(Exception):
 
 
 def first_line(error):
-  """The first line of an exception's message, for one-line reports."""
+  """The first line of an exception's message, for one-line reports.
+
+  TensorFlow's op errors lose their '{{function_node ...}}' prefix and
+  ' [Op:Name]' suffix: they name TensorFlow's internals, not the problem.
+  """
   text = getattr(error, 'message', None) or str(error) or type(error).__name__
-  return (text.strip().splitlines() or [type(error).__name__])[0]
+  line = (text.strip().splitlines() or [type(error).__name__])[0]
+  line = re.sub(r'^\{\{function_node [^}]*\}\}\s*', '', line)
+  return re.sub(r'\s*\[Op:\w+\].*$', '', line) or type(error).__name__

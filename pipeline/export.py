@@ -3,26 +3,85 @@
 import os
 import tempfile
 
+import keras
 import tensorflow as tf
 
+from pipeline import data
 from pipeline import models
 from pipeline import storage
 
 
-def export_model(model, workdir, is_chief):
-  """Saves a SavedModel to <workdir>/export atomically; returns its URL.
+METADATA = 'metadata.json'
+TFLITE = 'model.tflite'
 
-  Every worker traces the export (tf.distribute may need all of them in the
-  save); only the chief's copy is kept, written under a temporary name and
-  renamed into place, then uploaded for a gs:// workdir.
+
+def write_tflite(model, metadata, path, kind):
+  """A LiteRT model of a float32 rebuild of `model`, written to `path`.
+
+  The converter does not take a mixed-precision graph, so the same
+  architecture is built under the float32 policy and given the trained
+  weights (variables are float32 under every policy). 'float16' stores the
+  weights in float16 (half the size; computes in float32 where the device
+  has no float16). Keras' own LiteRT export does the conversion.
   """
-  target = workdir.path('export')
+  policy = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy('float32')
+  try:
+    rebuilt = models.with_softmax(models.build_model(
+        metadata['model'], len(metadata['class_names']),
+        metadata['preprocessing']['image_size']))
+  finally:
+    keras.mixed_precision.set_global_policy(policy)
+  rebuilt.set_weights(model.get_weights())
+  options = {} if kind == 'float32' else {
+      'optimizations': [tf.lite.Optimize.DEFAULT],
+      'target_spec': {'supported_types': [tf.float16]}}
+  rebuilt.export(path, format='litert', verbose=False, **options)
+
+
+def export_model(model, workdir, is_chief, metadata, name='export',
+                 tflite='', io_device=None):
+  """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.
+
+  `metadata` (class names, image size, preprocessing) goes beside it as
+  metadata.json, so launch.predict needs nothing but the export; with
+  `tflite` ('float32' or 'float16') a LiteRT model.tflite too. Every
+  worker traces the export (tf.distribute may need all of them in the
+  save); only the chief's copy is kept, written under a temporary name and
+  renamed into place, then uploaded for a gs:// workdir. `io_device`
+  '/job:localhost' keeps a TPU Node's file writes on this host, as the
+  checkpoints do.
+  """
+  target = workdir.path(name)
   staging = (f'{target}.tmp-{os.getpid()}' if is_chief else
              tempfile.mkdtemp(prefix='export-worker-'))
-  models.with_softmax(model).export(staging, verbose=False)
+  # Keras' model.export, with the SaveOptions it does not pass through.
+  archive = keras.export.ExportArchive()
+  archive.track_and_add_endpoint(
+      'serve', models.with_softmax(model),
+      [tf.TensorSpec(model.input.shape, model.input.dtype)])
+  archive.write_out(staging, verbose=False, options=tf.saved_model.SaveOptions(
+      experimental_io_device=io_device))
   if not is_chief:
     tf.io.gfile.rmtree(staging)
     return None
+  if tflite:
+    write_tflite(model, metadata, os.path.join(staging, TFLITE), tflite)
+  storage.write_json(os.path.join(staging, METADATA),
+                     dict(metadata, tflite=TFLITE if tflite else None))
   storage.replace_dir(staging, target)
-  workdir.publish('export')
-  return f'{workdir.url}/export'
+  workdir.publish(name)
+  return f'{workdir.url}/{name}'
+
+
+def metadata(config, plan):
+  """What a user of the export needs to know: classes, input, preprocessing."""
+  source = plan.source
+  return {
+      'model': config.model,
+      'dataset': source.name,
+      'class_names': [source.class_name(i) for i in range(source.num_classes)],
+      'input': 'uint8 RGB images [batch, image_size, image_size, 3]',
+      'output': 'float32 class probabilities [batch, num_classes]',
+      'preprocessing': data.eval_preprocessing(config),
+  }

@@ -6,6 +6,7 @@ resolved settings come from the Plan, the figures from the run.
 
 import resource
 
+from absl import logging
 import tensorflow as tf
 
 
@@ -38,6 +39,9 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
       'checkpoint_blocked_s': checkpoint_blocked_s,
       'final_loss_scale': trainer.loss_scale,
       'eval_accuracy': final_eval['accuracy'],
+      # Top-5 of 5 classes or fewer is always 1: reported from 6 classes.
+      'eval_top5_accuracy': (final_eval['top5_accuracy']
+                             if plan.source.num_classes > 5 else None),
       'eval_loss': final_eval['loss'],
       'eval_examples': int(final_eval['examples']),
       'export_dir': export_dir,
@@ -49,6 +53,16 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
       'examples_per_epoch': plan.examples_per_epoch,
       **peak_memory(hardware.device_kind),
   }
+
+
+def log_done(result, workdir_url):
+  """The run's last line."""
+  rate, wait = result['train_images_per_sec'], result['input_wait_fraction']
+  logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s, weights '
+               'sha256 %s; metrics in %s', result['eval_accuracy'],
+               f'{rate:.0f}' if rate else '-',
+               f'{wait:.0%}' if wait is not None else '-',
+               result['weights_sha256'][:16], f'{workdir_url}/metrics.json')
 
 
 def peak_memory(device_kind):

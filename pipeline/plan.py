@@ -73,6 +73,12 @@ class Plan:
     return self.global_batch_size // self.hardware.num_replicas
 
   @property
+  def io_device(self):
+    """Where checkpoint and export files are read and written: this host
+    for a TPU Node, whose variables live on remote hosts; None: default."""
+    return '/job:localhost' if self.hardware.tpu_workers_remote else None
+
+  @property
   def examples_per_epoch(self):
     return self.steps_per_epoch * self.global_batch_size
 
@@ -240,9 +246,16 @@ def validate(config, hardware):
                     f'{replicas}')
   for key in ('epochs', 'log_every_steps', 'checkpoint_every_steps',
               'keep_checkpoints', 'recovery_max_skipped_executions'):
-    if config[key] < 1:
+    if config.get(key, 1) < 1:
       raise UserError(f'{key}={config[key]} must be 1 or more')
-  if config.recovery_max_trials < 0:
+  if config.get('keep_best_metric', '') not in ('', 'eval_accuracy',
+                                                'eval_loss'):
+    raise UserError(f'keep_best_metric={config.keep_best_metric!r}; accepted: '
+                    "'' (off), eval_accuracy, eval_loss")
+  if config.get('export_tflite', '') not in ('', 'float32', 'float16'):
+    raise UserError(f'export_tflite={config.export_tflite!r}; accepted: '
+                    "'' (off), float32, float16")
+  if config.get('recovery_max_trials', 0) < 0:
     raise UserError(f'recovery_max_trials={config.recovery_max_trials} must '
                     'be 0 or more')
   if config.model not in models.MODELS:

@@ -31,6 +31,10 @@ class Source:
   read: Callable[..., tf.data.Dataset]
   # parse(*record) -> (encoded image, label, origin); may fail for bad data.
   parse: Callable[..., tuple]
+  class_names: tuple = ()  # Index -> name; () where the source has none.
+
+  def class_name(self, index):
+    return self.class_names[index] if self.class_names else str(index)
 
 
 def load_source(config):
@@ -83,7 +87,8 @@ def _tfds_source(config):
 
   return Source(config.dataset, features['label'].num_classes,
                 sizes['train'], sizes['eval'], read,
-                parse=lambda image, label, split: (image, label, split))
+                parse=lambda image, label, split: (image, label, split),
+                class_names=tuple(features['label'].names))
 
 
 def _held_out_split(builder):

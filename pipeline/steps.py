@@ -141,27 +141,39 @@ def _batch_norm_statistics(model):
 
 
 def make_eval_function(model, strategy, num_classes):
-  """Returns evaluate(iterator, num_steps) -> {loss, accuracy, examples}."""
+  """Returns evaluate(iterator, num_steps) -> loss, accuracy, top-5 accuracy,
+  examples and the confusion matrix (rows: true class, columns: predicted).
+
+  Padding examples carry weight 0 and count nowhere.
+  """
   loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True,
                                                  reduction=None)
+  top_k = min(5, num_classes)
 
   def replica_step(images, labels, weights):
     logits = model(images, training=False)
     loss = tf.reduce_sum(loss_fn(tf.one_hot(labels, num_classes), logits) *
                          weights)
-    hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                            labels), tf.float32)
-    return loss, tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
+    predicted = tf.argmax(logits, -1, output_type=tf.int32)
+    hits = tf.cast(tf.equal(predicted, labels), tf.float32)
+    in_top_k = tf.cast(tf.math.in_top_k(labels, logits, top_k), tf.float32)
+    confusion = tf.math.confusion_matrix(labels, predicted, num_classes,
+                                         weights=weights, dtype=tf.float32)
+    sums = tf.stack([loss, tf.reduce_sum(hits * weights),
+                     tf.reduce_sum(in_top_k * weights), tf.reduce_sum(weights)])
+    return sums, confusion
 
   @tf.function
   def evaluate(iterator, num_steps):
-    totals = tf.zeros(3)
+    totals = tf.zeros(4)
+    confusion = tf.zeros((num_classes, num_classes))
     for _ in tf.range(num_steps):
-      per_replica = strategy.run(replica_step, args=next(iterator))
-      totals += tf.stack([strategy.reduce(SUM, t, axis=None)
-                          for t in per_replica])
-    loss, correct, examples = tf.unstack(totals)
+      sums, matrix = strategy.run(replica_step, args=next(iterator))
+      totals += strategy.reduce(SUM, sums, axis=None)
+      confusion += strategy.reduce(SUM, matrix, axis=None)
+    loss, correct, correct_top_k, examples = tf.unstack(totals)
     return {'loss': loss / examples, 'accuracy': correct / examples,
-            'examples': examples}
+            'top5_accuracy': correct_top_k / examples, 'examples': examples,
+            'confusion': confusion}
 
   return evaluate

@@ -31,10 +31,18 @@ def train_and_evaluate(config, plan, extra_actions=()):
   trainer = trainer_lib.build(config, plan)
   # Before restoring: the seed's weights, equal across policies and batches.
   initial_weights_sha256 = trainer.weights_sha256()
-  checkpointer = Checkpointer(
-      workdir, config.keep_checkpoints, hardware.is_chief,
-      io_device='/job:localhost' if hardware.tpu_workers_remote else None,
-      model=trainer.model, optimizer=trainer.optimizer, step=trainer.step)
+
+  def checkpointer_of(series, keep):
+    return Checkpointer(workdir, keep, hardware.is_chief, series=series,
+                        io_device=plan.io_device, model=trainer.model,
+                        optimizer=trainer.optimizer, step=trainer.step)
+
+  checkpointer = checkpointer_of('checkpoints', config.keep_checkpoints)
+  best_metric = config.get('keep_best_metric', '')
+  keep_best = (actions.KeepBest(best_metric,
+                                checkpointer_of('checkpoints_best', 1),
+                                workdir, hardware.is_chief)
+               if best_metric else None)
   checkpointer.restore_latest()
   initial_step = int(trainer.step.numpy())
   if initial_step:
@@ -52,15 +60,16 @@ def train_and_evaluate(config, plan, extra_actions=()):
                                     train_writer, skips)
   evaluate = actions.Evaluate(
       trainer, eval_data, data.eval_steps(plan.source, batch),
-      plan.steps_per_epoch * config.eval_every_epochs, eval_writer)
+      plan.steps_per_epoch * config.eval_every_epochs, eval_writer,
+      listeners=[keep_best] if keep_best else [])
   preemption = actions.SaveOnPreemption(checkpointer, workdir)
   try:
     run_loop(trainer, iter(train_data), plan, initial_step, [
         *extra_actions,
         progress,
-        actions.RecoverFromDivergence(trainer, checkpointer,
-                                      config.recovery_max_trials,
-                                      config.recovery_max_skipped_executions),
+        actions.RecoverFromDivergence(
+            trainer, checkpointer, config.get('recovery_max_trials', 3),
+            config.get('recovery_max_skipped_executions', 5)),
         preemption,
         actions.SaveCheckpoints(checkpointer, config.checkpoint_every_steps,
                                 train_writer, workdir),
@@ -71,23 +80,28 @@ def train_and_evaluate(config, plan, extra_actions=()):
   finally:
     preemption.close()
 
-  export_dir = export.export_model(trainer.model, workdir, hardware.is_chief)
   result = metrics.run_metrics(
       config, plan, trainer, progress, final_eval, initial_step=initial_step,
       initial_weights_sha256=initial_weights_sha256,
-      skipped_records=skips.count,
-      checkpoint_blocked_s=checkpointer.blocked_s, export_dir=export_dir)
+      skipped_records=skips.count, checkpoint_blocked_s=checkpointer.blocked_s,
+      export_dir=_export(config, plan, trainer.model))
+  if keep_best:  # Last: it loads the best weights into the model.
+    keep_best.checkpointer.restore_latest()
+    result.update(keep_best.metrics(), best_export_dir=_export(
+        config, plan, trainer.model, 'export_best'))
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')
     workdir.write_json('metrics.json', result)
-  rate, wait = result['train_images_per_sec'], result['input_wait_fraction']
-  logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s, weights '
-               'sha256 %s; metrics in %s', result['eval_accuracy'],
-               f'{rate:.0f}' if rate else '-',
-               f'{wait:.0%}' if wait is not None else '-',
-               result['weights_sha256'][:16], f'{workdir.url}/metrics.json')
+  metrics.log_done(result, workdir.url)
   return result
+
+
+def _export(config, plan, model, name='export'):
+  return export.export_model(
+      model, plan.workdir, plan.hardware.is_chief, export.metadata(config, plan),
+      name=name, tflite=config.get('export_tflite', ''),
+      io_device=plan.io_device)
 
 
 def run_loop(trainer, iterator, plan, initial_step, periodic_actions):

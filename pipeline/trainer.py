@@ -55,7 +55,8 @@ class Trainer:
     return self._run(self.train_fn, iterator, num_steps)
 
   def evaluate(self, iterator, num_steps):
-    """Runs `num_steps` eval batches: loss, accuracy and examples as floats."""
+    """Runs `num_steps` eval batches: loss, accuracy, top5_accuracy and
+    examples as floats, the confusion matrix as a numpy array."""
     return self._run(self.eval_fn, iterator, num_steps)
 
   def weights_sha256(self):
@@ -68,7 +69,8 @@ class Trainer:
   def _run(self, function, iterator, num_steps):
     try:
       outputs = function(iterator, tf.constant(num_steps))
-      return {key: float(value) for key, value in outputs.items()}
+      return {key: float(value) if value.shape.rank == 0 else value.numpy()
+              for key, value in outputs.items()}
     except _PEER_LOST as e:
       if 'TF_CONFIG' not in os.environ:
         raise

@@ -149,3 +149,55 @@ def test_damaged_committed_checkpoint_on_gcs_is_set_aside(emulator, tmp_path):
   assert again.restore_latest() == 10 and float(again_value.numpy()) == 10.0
   assert 'damaged/checkpoints/ckpt-20/ckpt-20.index' in emulator.names(
       'runs', 'damaged/checkpoints/ckpt-20/')
+
+
+def test_best_checkpoint_is_kept_when_accuracy_falls_late(tmp_path):
+  """KeepBest fed the eval results a run would report: the best step's
+  weights stay in their own series, beside a rolling one that prunes."""
+  from pipeline import actions  # pylint: disable=g-import-not-at-top
+  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  value = tf.Variable(0.0)
+  rolling = Checkpointer(workdir, 1, True, value=value)
+  best = actions.KeepBest(
+      'eval_accuracy', Checkpointer(workdir, 1, True,
+                                    series='checkpoints_best', value=value),
+      workdir, True)
+  for step, accuracy in ((4, 0.5), (8, 0.7), (12, 0.6), (16, 0.65)):
+    value.assign(float(step))
+    rolling.save(step)
+    best(step, {'accuracy': accuracy, 'loss': 1.0})
+  assert best.metrics() == {'best_metric': 'eval_accuracy', 'best_step': 8,
+                            'best_value': 0.7}
+  assert tf.train.latest_checkpoint(str(tmp_path / 'run' / 'checkpoints')
+                                    ).endswith('ckpt-16')
+  kept = Checkpointer(workdir, 1, True, series='checkpoints_best', value=value)
+  assert kept.restore_latest() == 8 and float(value.numpy()) == 8.0
+  # A resumed run compares with the recorded best, not from scratch.
+  again = actions.KeepBest('eval_accuracy', kept, workdir, True)
+  again(20, {'accuracy': 0.69, 'loss': 0.1})
+  assert again.metrics()['best_step'] == 8
+  # For eval_loss lower is better.
+  by_loss = actions.KeepBest('eval_loss', kept, workdir, True)
+  by_loss.best = None
+  by_loss(24, {'accuracy': 0.1, 'loss': 0.3})
+  by_loss(28, {'accuracy': 0.1, 'loss': 0.4})
+  assert by_loss.metrics()['best_step'] == 24
+
+
+def test_export_with_the_tpu_node_io_device_loads(tmp_path):
+  """The TPU Node setting reaches the SavedModel writer and the export
+  loads; no remote TPU host exists here to show where files would land."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from pipeline import export  # pylint: disable=g-import-not-at-top
+  images = keras.Input((8, 8, 3), dtype='uint8')
+  logits = keras.layers.Dense(3)(keras.layers.Flatten()(
+      keras.layers.Rescaling(1 / 255)(images)))
+  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  url = export.export_model(keras.Model(images, logits), workdir, True,
+                            {'model': 'tiny'}, io_device='/job:localhost')
+  loaded = tf.saved_model.load(url)
+  probabilities = loaded.serve(np.zeros((2, 8, 8, 3), np.uint8)).numpy()
+  np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
+  assert storage.read_json(os.path.join(url, 'metadata.json')) == {
+      'model': 'tiny', 'tflite': None}

@@ -131,6 +131,13 @@ def test_eval_counts_each_example_once_with_padding(mirrored):
   result = evaluate(iter(mirrored.distribute_datasets_from_function(dataset)),
                     tf.constant(2))
   assert float(result['examples']) == 5.0
+  # Every real example is of class 0: one row of the confusion matrix.
+  confusion = result['confusion'].numpy()
+  assert confusion.shape == (NUM_CLASSES, NUM_CLASSES)
+  assert confusion.sum() == 5.0 and confusion[0].sum() == 5.0
+  assert float(result['accuracy']) == pytest.approx(confusion[0, 0] / 5)
+  # Top-k with k = min(5, 4 classes): every class is in it.
+  assert float(result['top5_accuracy']) == 1.0
 
 
 def test_gradients_are_summed_once_across_replicas(mirrored):

@@ -14,6 +14,8 @@ import time
 import pytest
 import tensorflow as tf
 
+from pipeline.errors import UserError
+
 from conftest import REPO, run_train, tiny_args
 
 
@@ -67,6 +69,133 @@ def test_export_loads_in_fresh_process(mirrored_run):
       [sys.executable, '-c', script, os.path.join(workdir, 'export')],
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0 and 'ok' in result.stdout, result.stderr[-2000:]
+
+
+def test_evaluate_reports_the_runs_accuracy(mirrored_run):
+  """launch.evaluate on the finished run: its newest committed checkpoint,
+  its config (run.json), the same 2 replicas: the accuracy it reported."""
+  from conftest import run_module  # pylint: disable=g-import-not-at-top
+  workdir, _ = mirrored_run
+  metrics = _metrics(workdir)
+  result = run_module('launch.evaluate', f'--workdir={workdir}',
+                      '--num_cpu_devices=2', timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (f'Evaluated step 16 on sklearn_digits held-out (359 examples): '
+          f'accuracy {metrics["eval_accuracy"]:.4f}') in result.stdout
+  assert 'confusion matrix (rows: true, columns: predicted):' in result.stdout
+  assert 'Precision: mixed_bfloat16' in result.stderr  # The run's policy.
+  report = json.load(open(os.path.join(workdir, 'evaluation',
+                                       'held-out-step16.json')))
+  assert report['accuracy'] == pytest.approx(metrics['eval_accuracy'],
+                                             abs=1e-6)
+  assert sum(map(sum, report['confusion_matrix'])) == 359
+  assert report['top5_accuracy'] >= report['accuracy']
+  assert os.path.getsize(os.path.join(workdir, 'evaluation',
+                                      'held-out-step16.png')) > 1000
+  # --checkpoint=5, which is not there: one line listing the committed ones.
+  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  from pipeline.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  reader = Checkpointer(storage.Workdir(workdir, workdir), 3, False,
+                        value=tf.Variable(0.0))
+  with pytest.raises(UserError, match=r'has no committed checkpoint of step 5'
+                     r'; committed: 16$'):
+    reader.restore_step(5)
+
+
+def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
+                                                    tfds_dir):
+  """In-process, on a copy of the finished run with a hand-made half-written
+  checkpoint (files of step 20, not in the state file): only the committed
+  final checkpoint is evaluated, once, and following stops there."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from pipeline import devices  # pylint: disable=g-import-not-at-top
+  from pipeline import evaluation  # pylint: disable=g-import-not-at-top
+  from pipeline import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(mirrored_run[0], workdir)
+  folder = os.path.join(workdir, 'checkpoints')
+  for name in os.listdir(folder):
+    if name.startswith('ckpt-16.'):
+      shutil.copy(os.path.join(folder, name),
+                  os.path.join(folder, name.replace('ckpt-16', 'ckpt-20')))
+  config, policy = evaluation.run_config(workdir, str(tmp_path), {})
+  assert policy == 'mixed_bfloat16'
+  config.data_dir = tfds_dir
+  plan = plan_lib.resolve(config, plan_lib.Request(workdir=workdir),
+                          devices.Hardware(tf.distribute.get_strategy(),
+                                           'CPU', detail='host CPU'))
+  evaluator = evaluation.Evaluator(config, plan)
+  reports = evaluator.follow(poll_s=0.1, timeout_s=5)
+  assert [r['step'] for r in reports] == [16]
+  assert os.path.exists(os.path.join(workdir, 'evaluation',
+                                     'held-out-step16.json'))
+  tags = {v.tag for path in tf.io.gfile.glob(os.path.join(
+      workdir, 'tensorboard', 'evaluator', 'events.*'))
+          for event in tf.compat.v1.train.summary_iterator(path)
+          for v in event.summary.value}
+  assert {'accuracy', 'loss'} <= tags
+
+
+@pytest.mark.slow
+def test_follow_a_live_training_run(tmp_path, tfds_dir):
+  """launch.evaluate --follow beside a training process: each checkpoint
+  (every 4 steps, 16 in all) evaluated exactly once, then it stops."""
+  from conftest import run_module  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  trainer = subprocess.Popen(
+      [sys.executable, '-m', 'launch.train',
+       *tiny_args(workdir, tfds_dir, '--config.checkpoint_every_steps=4')],
+      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    _wait_for_checkpoint(trainer, workdir)
+    result = run_module('launch.evaluate', f'--workdir={workdir}',
+                        '--follow', '--poll_s=1', '--follow_timeout_s=300',
+                        timeout=600)
+  finally:
+    trainer.communicate(timeout=600)
+  assert trainer.returncode == 0
+  assert result.returncode == 0, result.stderr[-3000:]
+  steps = [int(line.split('Evaluated step ')[1].split()[0])
+           for line in result.stderr.splitlines() if 'Evaluated step ' in line]
+  assert steps == sorted(set(steps)) and steps[-1] == 16, steps
+  assert 'Evaluated the final step 16; stopping' in result.stderr
+
+
+def test_predict_from_image_files(mirrored_run, tmp_path):
+  """The export and its metadata alone: JPEG, PNG and grayscale files of
+  any size; a corrupt one is skipped with its reason."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from pipeline import data  # pylint: disable=g-import-not-at-top
+  from pipeline import predict  # pylint: disable=g-import-not-at-top
+  workdir, _ = mirrored_run
+  pixels = (np.random.RandomState(0).rand(50, 70, 3) * 255).astype(np.uint8)
+  Image.fromarray(pixels).save(tmp_path / 'a.jpg')
+  Image.fromarray(pixels).save(tmp_path / 'b.png')
+  Image.fromarray(pixels[..., 0]).save(tmp_path / 'gray.jpg')
+  (tmp_path / 'broken.jpg').write_bytes(b'not an image')
+  model, metadata = predict.load(os.path.join(workdir, 'export'))
+  assert metadata['class_names'] == [str(i) for i in range(10)]
+  assert metadata['preprocessing']['image_size'] == 32
+  images, paths, skipped = predict.read_images(
+      predict.expand([str(tmp_path / '*')]), metadata['preprocessing'])
+  assert [os.path.basename(p) for p in paths] == ['a.jpg', 'b.png',
+                                                  'gray.jpg']
+  assert [(os.path.basename(p), r) for p, r in skipped] == [
+      ('broken.jpg', 'Unknown image file format. One of JPEG, JPEG XL, PNG, '
+       'GIF, BMP, WebP required.')]
+  probs = predict.probabilities(model, images, batch_size=2)
+  assert probs.shape == (3, 10)
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+  # Exactly evaluation's preprocessing, through the export's signature.
+  with open(tmp_path / 'b.png', 'rb') as f:
+    expected = model.serve(data.eval_image(f.read(), 32, 32)[None]).numpy()
+  np.testing.assert_allclose(probs[1], expected[0], rtol=1e-6)
+  top = predict.top_k(probs, metadata['class_names'], 3)
+  assert [len(row) for row in top] == [3, 3, 3]
+  assert all(row[0][1] >= row[1][1] >= row[2][1] for row in top)
+  with pytest.raises(UserError, match='is not an export of launch.train'):
+    predict.load(str(tmp_path))
 
 
 def test_tensorboard_scalars_written(mirrored_run):

@@ -34,6 +34,29 @@ def _config(tfds_dir, **fields):
   return config
 
 
+def _check_tflite_agrees_with_the_saved_model(export_dir):
+  """The LiteRT interpreter on model.tflite (float16 weights) against the
+  SavedModel on the same uint8 images: probabilities within 2e-3."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
+  images = np.random.RandomState(1).randint(0, 256, (4, 32, 32, 3)).astype(
+      np.uint8)
+  saved_model = tf.saved_model.load(export_dir)  # Held: it owns the weights.
+  expected = saved_model.serve(images).numpy()
+  interpreter = Interpreter(model_path=os.path.join(export_dir, 'model.tflite'))
+  interpreter.allocate_tensors()
+  source, target = (interpreter.get_input_details()[0],
+                    interpreter.get_output_details()[0])
+  assert source['dtype'] == np.uint8 and target['dtype'] == np.float32
+  for image, probabilities in zip(images, expected):
+    interpreter.set_tensor(source['index'], image[None])
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(target['index'])[0],
+                               probabilities, atol=2e-3)
+  assert storage.read_json(os.path.join(export_dir, 'metadata.json'))[
+      'tflite'] == 'model.tflite'
+
+
 def _plan(config, workdir):
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
@@ -42,7 +65,8 @@ def _plan(config, workdir):
 
 def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
   workdir = str(tmp_path / 'run')
-  config = _config(tfds_dir, epochs=2)
+  config = _config(tfds_dir, epochs=2, keep_best_metric='eval_accuracy',
+                   export_tflite='float16')
   plan = _plan(config, workdir)
   assert (plan.steps_per_epoch, plan.total_steps) == (4, 8)
   assert plan.policy == 'float32' and plan.steps_per_execution == 2
@@ -73,6 +97,15 @@ def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
   assert metrics['weights_sha256'] != metrics['initial_weights_sha256']
   assert metrics['export_dir'] == f'{workdir}/export'
   assert os.path.exists(os.path.join(workdir, 'export', 'saved_model.pb'))
+  _check_tflite_agrees_with_the_saved_model(os.path.join(workdir, 'export'))
+  # Evaluated at steps 4 and 8; the better one kept and exported too.
+  assert metrics['best_metric'] == 'eval_accuracy'
+  assert metrics['best_step'] in (4, 8)
+  assert metrics['best_value'] >= metrics['eval_accuracy']
+  assert os.path.exists(os.path.join(workdir, 'export_best',
+                                     'saved_model.pb'))
+  assert tf.train.latest_checkpoint(os.path.join(
+      workdir, 'checkpoints_best')).endswith(f'ckpt-{metrics["best_step"]}')
   # Checkpoints at the multiples of 3 the executions crossed, and the end.
   checkpoints = os.path.join(workdir, 'checkpoints')
   state = tf.train.get_checkpoint_state(checkpoints)

@@ -1,0 +1,77 @@
+"""Evaluate a run's committed checkpoint on its held-out split, or another.
+
+  python -m launch.evaluate --workdir=runs/x                 # newest checkpoint
+  python -m launch.evaluate --workdir=gs://b/run --checkpoint=2000
+  python -m launch.evaluate --workdir=runs/x --config.eval_split='train[:10%]'
+
+  python -m launch.evaluate --workdir=gs://b/run --follow  # beside training
+
+The run's own config comes from its run.json; --config.KEY=VALUE overrides
+fields of it (another split, TFRecord glob or batch). Hardware flags are
+launch.train's; the policy is the run's unless --policy is given. Prints
+loss, accuracy, top-5 and the confusion matrix and writes them, with a
+picture, to <workdir>/evaluation/; never writes into the checkpoints.
+"""
+
+import dataclasses
+import sys
+
+from pipeline import environment
+
+environment.prepare(sys.argv)  # Before TensorFlow loads.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from launch import cli
+from pipeline import evaluation
+from pipeline import plan as plan_lib
+from pipeline.errors import UserError
+
+CHECKPOINT = flags.DEFINE_integer(
+    'checkpoint', None, 'Step of the committed checkpoint to evaluate; '
+    'default: the newest.')
+FOLLOW = flags.DEFINE_bool(
+    'follow', False, 'Evaluate each new committed checkpoint of a running '
+    'job once, until its final step (TensorBoard: tensorboard/evaluator).')
+POLL_S = flags.DEFINE_float('poll_s', 30.0, 'With --follow: seconds between '
+                            'looks for a new checkpoint.')
+FOLLOW_TIMEOUT_S = flags.DEFINE_float(
+    'follow_timeout_s', 3600.0, 'With --follow: stop after this long without '
+    'a new checkpoint.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  cli.load_config()
+  try:
+    if not cli.WORKDIR.value:
+      raise UserError('--workdir=DIR is required: the run to evaluate')
+    if flags.FLAGS['config'].present:
+      raise UserError("launch.evaluate reads the run's config from its "
+                      'run.json; change fields with --config.KEY=VALUE')
+    config, policy = evaluation.run_config(
+        cli.WORKDIR.value, cli.STAGING_DIR.value,
+        config_flags.get_override_values(flags.FLAGS['config']))
+    request = cli.request(config)
+    if not cli.POLICY.present:
+      request = dataclasses.replace(request, policy=policy)
+    plan = plan_lib.resolve(config, request)
+    evaluator = evaluation.Evaluator(config, plan)
+    if FOLLOW.value:
+      reports = evaluator.follow(POLL_S.value, FOLLOW_TIMEOUT_S.value)
+      print(f'followed {plan.workdir.url}: evaluated '
+            f'{len(reports)} checkpoint(s), steps '
+            f'{", ".join(str(r["step"]) for r in reports) or "none"}')
+      return
+    report = evaluator.evaluate(CHECKPOINT.value)
+  except UserError as e:
+    sys.exit(f'error: {e}')
+  print('\n'.join(evaluation.summary_lines(report)))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=cli.parse_flags)
