@@ -84,6 +84,21 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
   folders = {n.split('/')[2] for n in names if '/checkpoints/' in n}
   assert folders == {f'ckpt-{s}' for s in _committed_steps(emulator, 'fresh')}
 
+  # A third machine evaluates the run from the bucket alone; the report
+  # lands in the bucket and the checkpoints are left as they were.
+  from conftest import run_module  # pylint: disable=g-import-not-at-top
+  evaluated = run_module('launch.evaluate', '--workdir=gs://runs/fresh',
+                         f'--staging_dir={tmp_path / "machine-c"}',
+                         f'--config.data_dir={tfds_dir}', env=_env(emulator),
+                         timeout=300)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert (f'Evaluated step 32 on sklearn_digits held-out (359 examples): '
+          f'accuracy {metrics["eval_accuracy"]:.4f}') in evaluated.stdout
+  after = emulator.names('runs', 'fresh/')
+  assert 'fresh/evaluation/held-out-step32.json' in after
+  assert [n for n in after if '/checkpoints/' in n] == [
+      n for n in names if '/checkpoints/' in n]
+
 
 def test_missing_bucket_fails_in_one_line_before_training(
     emulator, tfds_dir, tmp_path):
