@@ -57,6 +57,19 @@ def tiny_args(workdir, tfds_dir, *extra):
 assert tf.config.list_logical_devices('CPU'), 'TensorFlow sees no CPU'
 
 
+def tree_digest(root):
+  """SHA-256 over every file's path and bytes under `root`: unchanged or not."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+  for folder, _, files in sorted(os.walk(root)):
+    for name in sorted(files):
+      path = os.path.join(folder, name)
+      digest.update(path.encode())
+      with open(path, 'rb') as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
 class Emulator:
   """A real GCS server (gcp-storage-emulator) on a free loopback port.
 

@@ -4,7 +4,6 @@ Each run is the real pipeline: EfficientNet-B0 at 32 px on a slice of the
 bundled digits, through tfds, the strategy, checkpoints and export.
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import tensorflow as tf
 
 from pipeline.errors import UserError
 
-from conftest import REPO, run_train, tiny_args
+from conftest import REPO, run_train, tiny_args, tree_digest
 
 
 def _metrics(workdir):
@@ -264,17 +263,6 @@ def test_killed_run_resumes_its_step_count(tmp_path, tfds_dir):
   assert _metrics(workdir)['train_steps'] == 0
 
 
-def _tree_digest(root):
-  digest = hashlib.sha256()
-  for folder, _, files in sorted(os.walk(root)):
-    for name in sorted(files):
-      path = os.path.join(folder, name)
-      digest.update(path.encode())
-      with open(path, 'rb') as f:
-        digest.update(f.read())
-  return digest.hexdigest()
-
-
 @pytest.mark.parametrize('flags, named', [
     (['--policy=fp8'], "--policy=fp8"),
     (['--num_cpu_devices=2', '--config.global_batch_size=33'],
@@ -289,7 +277,7 @@ def _tree_digest(root):
 def test_bad_input_fails_in_one_line_and_keeps_the_workdir(
     mirrored_run, tfds_dir, flags, named):
   workdir, _ = mirrored_run
-  before = _tree_digest(workdir)
+  before = tree_digest(workdir)
   # --config=FILE must come before its --config.KEY overrides.
   result = run_train(*flags, f'--workdir={workdir}',
                      f'--config.data_dir={tfds_dir}', timeout=300)
@@ -298,7 +286,7 @@ def test_bad_input_fails_in_one_line_and_keeps_the_workdir(
   errors = [l for l in result.stderr.splitlines()
             if l.startswith(('error:', 'FATAL Flags parsing error'))]
   assert len(errors) == 1 and named in errors[0], result.stderr[-2000:]
-  assert _tree_digest(workdir) == before
+  assert tree_digest(workdir) == before
 
 
 def test_unwritable_workdir_fails_in_one_line(tmp_path, tfds_dir):

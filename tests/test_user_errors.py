@@ -8,21 +8,9 @@ are checked to be untouched afterwards.
 """
 
 import concurrent.futures
-import hashlib
-import os
 
 from conftest import run_train
-
-
-def _tree_digest(root):
-  digest = hashlib.sha256()
-  for folder, _, files in sorted(os.walk(root)):
-    for name in sorted(files):
-      path = os.path.join(folder, name)
-      digest.update(path.encode())
-      with open(path, 'rb') as f:
-        digest.update(f.read())
-  return digest.hexdigest()
+from conftest import tree_digest
 
 
 def _cases(root, tfds_dir):
@@ -67,7 +55,7 @@ def _cases(root, tfds_dir):
 
 def test_bad_input_table(tmp_path, tfds_dir):
   cases = _cases(tmp_path, tfds_dir)
-  kept = {name: _tree_digest(folder) for name, _, _, folder in cases if folder}
+  kept = {name: tree_digest(folder) for name, _, _, folder in cases if folder}
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     results = list(pool.map(lambda case: run_train(*case[1], timeout=300),
                             cases))
@@ -78,7 +66,7 @@ def test_bad_input_table(tmp_path, tfds_dir):
         len(errors) != 1 or text not in errors[0]):
       failures.append(f'{name}: exit {result.returncode}, error lines '
                       f'{errors}; stderr tail: {result.stderr[-1500:]}')
-    if folder and _tree_digest(folder) != kept[name]:
+    if folder and tree_digest(folder) != kept[name]:
       failures.append(f'{name}: {folder} was changed')
   assert not failures, '\n'.join(failures)
 
