@@ -328,6 +328,8 @@ class KeepBest:
   with it.
   """
 
+  RECORD = 'best_checkpoint.json'
+
   def __init__(self, metric, checkpointer, workdir, is_chief):
     self.metric = metric  # 'eval_accuracy' or 'eval_loss'.
     self.checkpointer = checkpointer
@@ -335,8 +337,6 @@ class KeepBest:
     self.is_chief = is_chief
     # Every worker reads it: all must decide alike (they all join a save).
     self.best = workdir.read_json(self.RECORD)
-
-  RECORD = 'best_checkpoint.json'
 
   def _better(self, value):
     if self.best is None:

@@ -70,15 +70,13 @@ class Checkpointer:
     damaged = []
     for path in self._newest_first():
       try:
-        self.checkpoint.restore(path, options=self.options
-                                ).assert_existing_objects_matched()
+        self._restore(path)
       except _DAMAGED as e:
         logging.warning('Checkpoint %s is damaged and cannot be restored '
                         '(%s); trying the next older one', path,
                         first_line(e))
         damaged.append(path)
         continue
-      logging.info('Restored %s', path)
       if damaged:
         self._set_aside(damaged)
       return step_of(path)
@@ -98,12 +96,10 @@ class Checkpointer:
     path = (self.gcs.fetch(step) if self.gcs else
             os.path.join(self.shared_dir, f'ckpt-{step}'))
     try:
-      self.checkpoint.restore(path, options=self.options
-                              ).assert_existing_objects_matched()
+      self._restore(path)
     except _DAMAGED as e:
       raise UserError(f'checkpoint {path} is damaged and cannot be restored: '
                       f'{first_line(e)}') from None
-    logging.info('Restored %s', path)
     return step
 
   def committed_steps(self):
@@ -157,10 +153,14 @@ class Checkpointer:
     path = self.manager.latest_checkpoint
     if not path:
       return self.restore_latest()
+    self._restore(path)
+    return step_of(path)
+
+  def _restore(self, path):
+    """Restores every object from `path`; raises one of _DAMAGED if not."""
     self.checkpoint.restore(path, options=self.options
                             ).assert_existing_objects_matched()
     logging.info('Restored %s', path)
-    return step_of(path)
 
   def save(self, step):
     """Saves locally, then (gs://) queues the commit. Returns blocked seconds."""

@@ -204,16 +204,15 @@ def _available_memory_bytes():
 def check_cache(config, source, available_bytes=None):
   """Refuses a memory cache that would not fit in the free RAM (half of it),
   or a file cache whose folder cannot be written."""
-  if config.cache not in ('memory', ''):
-    if not gcs.is_gcs(config.cache):  # A TPU Node's: its workers write it.
-      try:
-        storage.check_writable(os.path.dirname(os.path.abspath(config.cache)),
-                               what=f'cache={config.cache!r}: folder')
-      except UserError as e:
-        raise UserError(f"{e}; use a writable path prefix, 'memory' or '' "
-                        '(no cache)') from None
-    return
+  if not config.cache or gcs.is_gcs(config.cache):
+    return  # No cache, or a TPU Node's, which its workers write.
   if config.cache != 'memory':
+    try:
+      storage.check_writable(os.path.dirname(os.path.abspath(config.cache)),
+                             what=f'cache={config.cache!r}: folder')
+    except UserError as e:
+      raise UserError(f"{e}; use a writable path prefix, 'memory' or '' "
+                      '(no cache)') from None
     return
   size = _cache_size(config)
   needed = (source.num_train_examples + source.num_eval_examples) * size**2 * 3
