@@ -27,14 +27,20 @@ def get_config():
   config.num_train_examples = 0  # 0: count the records once at start.
   config.num_eval_examples = 0
   config.image_size = 32
-  # Decoded images are cached: 'memory', '' (off), or a local file prefix
-  # for sets larger than RAM.
+  # 'memory': decoded images where they fit in half the free RAM, else the
+  # encoded records (decoded and cropped each epoch); a local file prefix:
+  # decoded images on disk; '' (off): decode every epoch, cropping as it
+  # decodes (a JPEG's crop window alone is decoded).
   config.cache = 'memory'
   config.shuffle_buffer = 10_000
-  # none, translate, translate_flip, inception (random resized crop + flip),
+  # none, translate, translate_flip, inception (random resized crop as in
+  # tensorflow/tpu's ImageNet input, + flip; eval takes the central 87.5%),
   # inception_randaugment. Not a flip here: a mirrored 2 is no 2.
   config.augment = 'translate'
   config.deterministic_input = False  # True trades speed for repeatable order.
+  # grpc://HOST:PORT of a tf.data service dispatcher (launch.data_service):
+  # its workers run the training input. '' runs it here.
+  config.data_service = ''
 
   # Model.
   config.model = 'efficientnet_b0'

@@ -1,9 +1,12 @@
 """Benchmark input, model ceiling and real training for a config.
 
   python -m launch.benchmark --config.image_size=224 --num_executions=5
-  python -m launch.benchmark --config.dataset=tfrecord \
-      --config.train_files='/tmp/jpeg/train-*' --config.eval_files='/tmp/jpeg/eval-*' \
-      --config.num_classes=10 --config.image_size=224 --config.augment=inception
+  # ImageNet's input, uncached, on photographs, beside the reference:
+  python -m launch.make_tfrecords --dataset=photos --output_dir=/tmp/photos
+  python -m launch.benchmark --config=configs/imagenet.py --input_only \
+      --config.dataset=tfrecord --config.train_files='/tmp/photos/train-*' \
+      --config.eval_files='/tmp/photos/eval-*' --config.num_classes=10 \
+      --config.global_batch_size=32 --target_images_per_sec=3454
 
 Prints a table and writes it as JSON (--output). Same hardware and config
 flags as launch.train.
@@ -28,6 +31,12 @@ from pipeline.errors import UserError
 _EXECUTIONS = flags.DEFINE_integer(
     'num_executions', 5, 'Timed calls of steps_per_execution steps each.')
 _OUTPUT = flags.DEFINE_string('output', 'benchmark.json', 'Where the JSON goes.')
+_INPUT_ONLY = flags.DEFINE_bool(
+    'input_only', False, 'Measure the input pipeline alone (no model).')
+_TARGET = flags.DEFINE_float(
+    'target_images_per_sec', 0,
+    'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
+    'one A100): says whether this input feeds it, and how many cores would.')
 
 
 def main(argv):
@@ -36,7 +45,8 @@ def main(argv):
   config = cli.load_config()
   try:
     run_plan = plan.resolve(config, cli.request(config, workdir_default=False))
-    result = benchmark.run(config, run_plan, _EXECUTIONS.value)
+    result = benchmark.run(config, run_plan, _EXECUTIONS.value,
+                           _INPUT_ONLY.value, _TARGET.value)
   except UserError as e:
     sys.exit(f'error: {e}')
   print(benchmark.table(result))

@@ -97,16 +97,17 @@ class Meter:
 class ReportProgress:
   """Progress lines and TensorBoard scalars every `every_steps` steps.
 
-  Owns the meter, and warns once when the run waits for input more than
-  INPUT_BOUND_FRACTION of the time.
+  Owns the meter and the count of records the input skipped (it arrives
+  with each execution's outputs), and warns once when the run waits for
+  input more than INPUT_BOUND_FRACTION of the time.
   """
 
-  def __init__(self, trainer, plan, every_steps, writer, skips):
+  def __init__(self, trainer, plan, every_steps, writer):
     self.trainer = trainer
     self.steps_per_epoch = plan.steps_per_epoch
     self.every_steps = every_steps
     self.writer = writer
-    self.skips = skips
+    self.skipped_records = 0
     self.meter = Meter(plan.global_batch_size)
     self._warned_input_bound = False
 
@@ -114,6 +115,7 @@ class ReportProgress:
     first = self.meter.compile_s is None
     self.meter.add(execution.num_steps, execution.seconds,
                    execution.outputs['input_wait_s'])
+    self.skipped_records += int(execution.outputs.get('skipped_records', 0))
     if first:
       logging.info('First execution (tracing and compiling included): %.1f s',
                    self.meter.compile_s)
@@ -133,7 +135,8 @@ class ReportProgress:
         f'{wait:.0%}' if wait is not None else '-',
         f', loss scale {loss_scale:g}, skipped steps '
         f'{trainer.skipped_steps}' if loss_scale is not None else '',
-        f', skipped records {self.skips.count}' if self.skips.count else '')
+        f', skipped records {self.skipped_records}'
+        if self.skipped_records else '')
     if (wait is not None and wait > INPUT_BOUND_FRACTION and
         not self._warned_input_bound):
       logging.warning(
@@ -147,7 +150,7 @@ class ReportProgress:
       if rate:
         tf.summary.scalar('images_per_sec', rate)
         tf.summary.scalar('input_wait_fraction', wait)
-      tf.summary.scalar('skipped_records', self.skips.count)
+      tf.summary.scalar('skipped_records', self.skipped_records)
       if loss_scale is not None:
         tf.summary.scalar('loss_scale', loss_scale)
         tf.summary.scalar('skipped_steps', trainer.skipped_steps)

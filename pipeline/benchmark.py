@@ -1,12 +1,15 @@
 """How fast the input is, how fast the model could go, and how fast it goes.
 
 Three throughputs for one config, so a slow run can be blamed on the right
-part: the tf.data pipeline alone (first pass with the cache cold, then warm),
+part: the tf.data pipeline alone (first pass with the cache cold, then warm;
+per core; beside tensorflow/tpu's reference preprocessing on the same files),
 training on one synthetic batch already on the device (the model's ceiling),
 and training on the real input. Compile time is timed apart, never mixed into
 a throughput.
 """
 
+import math
+import os
 import time
 
 import numpy as np
@@ -14,26 +17,94 @@ import tensorflow as tf
 from absl import logging
 
 from pipeline import data
+from pipeline import tfrecords
 from pipeline import trainer as trainer_lib
 
 
-def input_throughput(config, source, global_batch_size, max_batches):
+def input_throughput(config, source, global_batch_size, max_batches,
+                     cache=None):
   """Images/s of the whole pipeline on the host: (cold, warm) passes."""
-  counter = data.SkipCounter()
-  dataset = data.train_input_fn(config, source, global_batch_size, counter)(
+  dataset = data.train_input_fn(config, source, global_batch_size, cache)(
       tf.distribute.InputContext(1, 0, 1))
   batches_per_pass = min(source.num_train_examples // global_batch_size,
                          max_batches)
-  iterator = iter(dataset)
-  rates = []
   # The first pass decodes and fills the cache; later ones read from it.
-  for _ in range(2):
-    start = time.perf_counter()
-    for _ in range(batches_per_pass):
-      next(iterator)
-    rates.append(batches_per_pass * global_batch_size /
-                 (time.perf_counter() - start))
-  return rates[0], rates[1]
+  return tuple(_rate(iter(dataset), batches_per_pass, global_batch_size)
+               for _ in range(2))
+
+
+def _rate(iterator, batches, batch_size):
+  next(iterator)  # Started: threads up, buffers filling.
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(iterator)
+  return batches * batch_size / (time.perf_counter() - start)
+
+
+def reference_input(files, image_size, batch_size):
+  """tensorflow/tpu's ImageNet training input, the baseline for ours.
+
+  As in models/official/efficientnet (imagenet_input.py, preprocessing.py):
+  files read by a 64-way interleave, a 1024-record shuffle, the random crop
+  sampled on extract_jpeg_shape and decoded alone by decode_and_crop_jpeg
+  (the central 87.5% if no box is found), resized (bilinear here; the
+  reference defaults to bicubic), flipped, batched; its tf.data options.
+  Written apart from pipeline/data.py on purpose: it is what ours is
+  measured against.
+  """
+  def fetch(filename):
+    return tf.data.TFRecordDataset(filename, buffer_size=8 * 1024 * 1024)
+
+  def center_crop(image_bytes):
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    padded = tf.cast(image_size / (image_size + round(image_size / 7)) *
+                     tf.cast(tf.minimum(shape[0], shape[1]), tf.float32),
+                     tf.int32)
+    window = tf.stack([(shape[0] - padded + 1) // 2,
+                       (shape[1] - padded + 1) // 2, padded, padded])
+    image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+    return tf.image.resize([image], [image_size, image_size])[0]
+
+  def parse(record):
+    image_bytes, label = tfrecords.parse(record)
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+    bad = tf.reduce_sum(tf.cast(tf.equal(shape, tf.shape(image)),
+                                tf.int32)) >= 3
+    image = tf.cond(bad, lambda: center_crop(image_bytes),
+                    lambda: tf.image.resize([image],
+                                            [image_size, image_size])[0])
+    image = tf.image.random_flip_left_right(image)
+    image = tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8)
+    return tf.reshape(image, [image_size, image_size, 3]), label
+
+  dataset = tf.data.Dataset.from_tensor_slices(files).repeat()
+  dataset = dataset.interleave(fetch, cycle_length=64, num_parallel_calls=64,
+                               deterministic=False).shuffle(1024)
+  # ignore_errors: the reference would stop at a bad record.
+  dataset = dataset.map(parse, 64).ignore_errors().batch(
+      batch_size, True).prefetch(tf.data.AUTOTUNE)
+  options = tf.data.Options()
+  options.deterministic = False
+  options.threading.max_intra_op_parallelism = 1
+  options.threading.private_threadpool_size = 48
+  return dataset.with_options(options)
+
+
+def reference_throughput(files, image_size, batch_size, batches):
+  """Images/s of reference_input on `files`, measured like ours."""
+  return _rate(iter(reference_input(files, image_size, batch_size)), batches,
+               batch_size)
+
+
+def available_cores():
+  return len(os.sched_getaffinity(0))
 
 
 def _timed_executions(trainer, iterator, steps_per_execution, executions):
@@ -51,17 +122,53 @@ def _timed_executions(trainer, iterator, steps_per_execution, executions):
   return compile_s, seconds, wait_s / seconds
 
 
-def run(config, plan, executions):
-  """Measures the three throughputs; returns the figures as a dict."""
-  strategy = plan.hardware.strategy
-  source = plan.source
-  batch = plan.global_batch_size
-  spe = plan.steps_per_execution
-  images_per_execution = batch * spe * executions
-  logging.info('Input alone: two passes of up to %d batches of %d',
-               executions * spe, batch)
-  cold, warm = input_throughput(config, source, batch, executions * spe)
+def run(config, plan, executions, input_only=False, target_images_per_sec=0):
+  """Measures the throughputs; returns the figures as a dict.
 
+  The input alone always, with its rate per core, beside the reference
+  preprocessing on the same files (TFRecord JPEGs) and against
+  `target_images_per_sec` (what the accelerators consume); the model on a
+  synthetic batch and on the real input unless `input_only`.
+  """
+  source, batch = plan.source, plan.global_batch_size
+  spe = plan.steps_per_execution
+  batches = executions * spe
+  logging.info('Input alone: two passes of up to %d batches of %d', batches,
+               batch)
+  cold, warm = input_throughput(config, source, batch, batches, plan.cache)
+  cores = available_cores()
+  result = {
+      'model': config.model, 'dataset': source.name,
+      'image_size': config.image_size, 'global_batch_size': batch,
+      'steps_per_execution': spe, 'policy': plan.policy,
+      'strategy': plan.hardware.strategy_name,
+      'num_replicas': plan.hardware.num_replicas, 'xla': plan.xla,
+      'cache': plan.cache, 'augment': config.augment, 'cores': cores,
+      'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
+      'input_images_per_sec_per_core': warm / cores,
+  }
+  if source.name == 'tfrecord':
+    logging.info('Reference preprocessing (tensorflow/tpu) on the same files')
+    reference = reference_throughput(tfrecords.list_files(config.train_files),
+                                     config.image_size, batch, batches)
+    result.update(reference_input_images_per_sec=reference,
+                  input_vs_reference=warm / reference)
+  if target_images_per_sec:
+    result.update(target_images_per_sec=target_images_per_sec,
+                  input_feeds_target=warm >= target_images_per_sec,
+                  cores_for_target=math.ceil(
+                      target_images_per_sec / (warm / cores)))
+  if not input_only:
+    result.update(_train_throughputs(config, plan, executions))
+    result['input_headroom'] = warm / result['train_synthetic_images_per_sec']
+  return result
+
+
+def _train_throughputs(config, plan, executions):
+  """Training on one synthetic batch on the device, then on the real input."""
+  strategy, source = plan.hardware.strategy, plan.source
+  batch, spe = plan.global_batch_size, plan.steps_per_execution
+  images_per_execution = batch * spe * executions
   trainer = trainer_lib.build(config, plan)
   size = config.image_size
   rng = np.random.RandomState(0)
@@ -82,50 +189,53 @@ def run(config, plan, executions):
 
   logging.info('Training on the real input: %d executions', executions)
   real_iterator = iter(strategy.distribute_datasets_from_function(
-      data.train_input_fn(config, source, batch, data.SkipCounter())))
+      data.train_input_fn(config, source, batch, plan.cache)))
   _, seconds, real_wait = _timed_executions(trainer, real_iterator, spe,
                                             executions)
-  real_rate = images_per_execution / seconds
   return {
-      'model': config.model,
-      'dataset': source.name,
-      'image_size': size,
-      'global_batch_size': batch,
-      'steps_per_execution': spe,
-      'policy': plan.policy,
-      'strategy': plan.hardware.strategy_name,
-      'num_replicas': plan.hardware.num_replicas,
-      'xla': plan.xla,
-      'cache': config.cache,
-      'augment': config.augment,
-      'input_cold_images_per_sec': cold,
-      'input_warm_images_per_sec': warm,
       'train_synthetic_images_per_sec': synthetic_rate,
       'train_synthetic_input_wait_fraction': synthetic_wait,
-      'train_real_images_per_sec': real_rate,
+      'train_real_images_per_sec': images_per_execution / seconds,
       'train_real_input_wait_fraction': real_wait,
-      'input_headroom': warm / synthetic_rate,
       'compile_s': compile_s,
   }
 
 
 def table(result):
   """A small text table of the benchmark's figures."""
+  r = result
   rows = [
-      ('input alone, cold cache', result['input_cold_images_per_sec'], None),
-      ('input alone, warm cache', result['input_warm_images_per_sec'], None),
-      ('train, synthetic on device', result['train_synthetic_images_per_sec'],
-       result['train_synthetic_input_wait_fraction']),
-      ('train, real input', result['train_real_images_per_sec'],
-       result['train_real_input_wait_fraction']),
+      (f'input alone, first pass ({r["cache"]} cache)',
+       r['input_cold_images_per_sec'], None),
+      ('input alone, second pass', r['input_warm_images_per_sec'], None),
+      (f'  per core ({r["cores"]} cores)', r['input_images_per_sec_per_core'],
+       None),
   ]
-  lines = [f'{result["model"]} at {result["image_size"]} px, batch '
-           f'{result["global_batch_size"]}, {result["policy"]}, '
-           f'{result["strategy"]} x{result["num_replicas"]}',
-           f'{"what":<28} {"images/s":>10} {"input wait":>11}']
+  if 'reference_input_images_per_sec' in r:
+    rows.append(('reference input (tensorflow/tpu)',
+                 r['reference_input_images_per_sec'], None))
+  if 'train_synthetic_images_per_sec' in r:
+    rows += [('train, synthetic on device', r['train_synthetic_images_per_sec'],
+              r['train_synthetic_input_wait_fraction']),
+             ('train, real input', r['train_real_images_per_sec'],
+              r['train_real_input_wait_fraction'])]
+  lines = [f'{r["model"]} at {r["image_size"]} px, batch '
+           f'{r["global_batch_size"]}, {r["policy"]}, {r["strategy"]} '
+           f'x{r["num_replicas"]}, augment {r["augment"]}',
+           f'{"what":<36} {"images/s":>10} {"input wait":>11}']
   for name, rate, wait in rows:
-    lines.append(f'{name:<28} {rate:>10.1f} '
+    lines.append(f'{name:<36} {rate:>10.1f} '
                  f'{"" if wait is None else f"{wait:.1%}":>11}')
-  lines.append(f'compile (first call): {result["compile_s"]:.1f} s; warm input '
-               f'/ model ceiling: {result["input_headroom"]:.1f}x')
+  if 'input_vs_reference' in r:
+    lines.append(f'input / reference preprocessing: '
+                 f'{r["input_vs_reference"]:.2f}x')
+  if 'target_images_per_sec' in r:
+    lines.append(
+        f'target {r["target_images_per_sec"]:.0f} images/s: '
+        + ('fed' if r['input_feeds_target'] else 'NOT fed')
+        + f' by these {r["cores"]} cores; at this rate it needs '
+        f'{r["cores_for_target"]} cores')
+  if 'compile_s' in r:
+    lines.append(f'compile (first call): {r["compile_s"]:.1f} s; input '
+                 f'/ model ceiling: {r["input_headroom"]:.1f}x')
   return '\n'.join(lines)

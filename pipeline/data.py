@@ -15,6 +15,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from pipeline import data_service
 from pipeline import gcs
 from pipeline import storage
 from pipeline.errors import UserError
@@ -28,99 +29,178 @@ _LABEL_ERROR = 'LABEL_OUT_OF_RANGE'
 
 
 # --- decode, count what cannot be decoded -------------------------------------
-
-
-class SkipCounter:
-  """Counts records dropped because they could not be decoded.
-
-  The count lives in a host variable that the input pipeline updates, read by
-  the training loop for logs and metrics.json. Counted once per pass over the
-  data before the cache, so a cached set is counted once.
-  """
-
-  def __init__(self):
-    with tf.device('/cpu:0'):
-      self.variable = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                  name='skipped_records')
-
-  @property
-  def count(self):
-    return int(self.variable.numpy())
+#
+# A record that cannot be decoded is skipped and counted. The count travels
+# with the data: each training example carries the number of records skipped
+# just before it in its stream, and the train step sums them. So it needs no
+# host variable, and it holds where the pipeline runs on other machines
+# (tf.data service workers). Evaluation counts by difference: records minus
+# examples evaluated.
 
 
 def eval_preprocessing(config):
   """How evaluation turns a file into the model's input, as the export's
   metadata records it: see eval_image."""
-  return {'image_size': config.image_size, 'decode_size': _cache_size(config),
-          'rule': 'decode (grayscale, RGBA, CMYK -> RGB); resize the shorter '
-                  'side to decode_size (antialiased); centre crop '
-                  'decode_size; centre crop image_size'}
+  fraction = _central_fraction(config)
+  return {'image_size': config.image_size, 'central_fraction': fraction,
+          'rule': 'decode (grayscale, RGBA, CMYK -> RGB); take the central '
+                  'square of central_fraction of the shorter side; resize it '
+                  'to image_size (bilinear; a JPEG at least twice image_size '
+                  'decoded at 1/2, 1/4 or 1/8 scale first)'}
 
 
-def eval_image(encoded, image_size, decode_size):
+def eval_image(encoded, image_size, central_fraction):
   """Encoded JPEG/PNG bytes -> the uint8 [image_size, image_size, 3] input
   evaluation gives the model (the same ops as eval_input_fn)."""
-  image = _decode_image(encoded, decode_size)
-  return _central_crop(image, None, image_size)[0]
+  return _decode_window(
+      encoded, lambda shape: _central_window(shape, central_fraction),
+      _square(image_size))
+
+
+def _central_fraction(config):
+  # Inception-style runs evaluate the central 87.5%, as ImageNet recipes do.
+  return _CENTRAL_FRACTION if config.augment.startswith('inception') else 1.0
 
 
 def _cache_size(config):
-  if config.augment.startswith('inception'):
-    return int(round(config.image_size / _CENTRAL_FRACTION))
-  return config.image_size
+  """The shorter side of what a decoded cache holds for training."""
+  return int(round(config.image_size / _central_fraction(config)))
 
 
-def _decode_image(encoded, size):
-  """Encoded bytes -> uint8 [size, size, 3]: shorter side resized, centre crop.
+# --- decode: only the window the model will see -------------------------------
+#
+# One crop distribution for every path: tensorflow/tpu's ImageNet training
+# crop (models/official/efficientnet/preprocessing.py): a box of 8%-100% of
+# the whole image's area, aspect 3/4-4/3, 10 attempts, else the central 87.5%
+# square. Uncached, only that window of a JPEG is decoded
+# (decode_and_crop_jpeg); a decoded cache holds the whole image (aspect kept)
+# and the same box is sampled on it each epoch, so both see the same crops.
+#
+# Resizing is bilinear: a quarter of the cost of an antialiased resize (0.45
+# vs 1.96 ms for a 300x250 crop to 224, measured; BUILD_NOTES.md). Bilinear
+# aliases when it shrinks by 2x or more, so a JPEG window at least twice the
+# output is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's scaled IDCT (an area
+# average, and cheaper); only what still shrinks by 2x or more (other
+# formats) takes the antialiased resize.
 
-  decode_image with channels=3 turns grayscale, RGBA and CMYK into RGB.
+
+def _central_window(shape, fraction):
+  """[top, left, height, width]: the central square of `fraction` of the
+  shorter side of an image of `shape` ([height, width, ...])."""
+  height, width = shape[0], shape[1]
+  side = tf.maximum(tf.cast(
+      fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32), 1)
+  return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side,
+                   side])
+
+
+def _whole_window(shape):
+  return tf.stack([0, 0, shape[0], shape[1]])
+
+
+def _square_window(shape):
+  return _central_window(shape, 1.0)
+
+
+def _random_window(shape):
+  """[top, left, height, width] of a random resized crop of an image of
+  `shape` ([height, width, channels]): the reference's distribution."""
+  begin, size, _ = tf.image.sample_distorted_bounding_box(
+      shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+      min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+      area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  whole = tf.reduce_all(tf.equal(size[:2], shape[:2]))  # No box was found.
+  return tf.cond(whole, lambda: _central_window(shape, _CENTRAL_FRACTION),
+                 lambda: tf.stack([begin[0], begin[1], size[0], size[1]]))
+
+
+def _square(size):
+  return lambda window: tf.constant([size, size])
+
+
+def _shorter_side(size):
+  """The window's shape scaled so that its shorter side is `size`."""
+  def shape(window):
+    hw = tf.cast(window[2:], tf.float32)
+    return tf.cast(tf.math.ceil(hw * size / tf.reduce_min(hw)), tf.int32)
+  return shape
+
+
+def _decode_window(encoded, window_of, shape_of):
+  """uint8 [height, width, 3]: the window `window_of(image shape)` of an
+  encoded image, resized to `shape_of(window)`. A JPEG decodes that window
+  alone (at 1/2, 1/4 or 1/8 scale where it is at least that many times the
+  output); other formats decode whole. channels=3 turns grayscale, RGBA and
+  CMYK into RGB.
   """
-  image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-  shape = tf.cast(tf.shape(image)[:2], tf.float32)
-  scale = size / tf.reduce_min(shape)
-  new_shape = tf.cast(tf.math.ceil(shape * scale), tf.int32)
-  image = tf.image.resize(image, new_shape, antialias=True)
-  top = (new_shape[0] - size) // 2
-  left = (new_shape[1] - size) // 2
-  image = image[top:top + size, left:left + size]
-  image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-  return tf.ensure_shape(image, (size, size, 3))
+  def jpeg():
+    window = window_of(tf.image.extract_jpeg_shape(encoded))
+    shrink = tf.reduce_min(window[2:]) // tf.reduce_min(shape_of(window))
+    scale = tf.reduce_sum(tf.cast(shrink >= [2, 4, 8], tf.int32))
+
+    def at(ratio):
+      return lambda: tf.image.decode_and_crop_jpeg(
+          encoded, window // ratio, channels=3, ratio=ratio)
+
+    return tf.switch_case(scale, [at(1), at(2), at(4), at(8)]), window
+
+  def other():
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    window = window_of(tf.shape(image))
+    return tf.slice(image, [window[0], window[1], 0],
+                    [window[2], window[3], 3]), window
+
+  image, window = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+  return _resize(image, shape_of(window))
 
 
-def _decoded(records, parse, size, counter):
-  """Parses and decodes records, skipping (and counting) those that fail.
+def _crop(image, window_of, size):
+  """The window `window_of(shape)` of a decoded image, resized to size x size."""
+  window = window_of(tf.shape(image))
+  image = tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
+  return _resize(image, _square(size)(window))
 
-  Records are numbered before decoding and a sentinel closes the stream;
-  after ignore_errors() the gaps in the numbering are the skipped records.
+
+def _resize(image, shape):
+  """uint8 image resized to `shape`: bilinear; antialiased where it shrinks
+  by 2x or more."""
+  shrink = tf.reduce_min(tf.shape(image)[:2]) >= 2 * tf.reduce_min(shape)
+  resized = tf.cond(shrink,
+                    lambda: tf.image.resize(image, shape, antialias=True),
+                    lambda: tf.image.resize(image, shape))
+  return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+
+
+def _decoded(records, parse, decode, image_shape):
+  """Parses and decodes records, skipping those that fail: elements
+  (image, label, origin, skipped, index), `skipped` the records dropped just
+  before this one, `index` its record number in the pass.
+
+  `decode(encoded)` -> uint8 image of `image_shape`. Records are numbered
+  before decoding; after ignore_errors() the gaps in the numbering are the
+  skipped records (an ordered map keeps the numbers in order; about 3% of
+  throughput, within noise: BUILD_NOTES.md).
   """
-  sentinel = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
-                                   records.element_spec)
-  flagged = records.map(lambda *record: (record, True)).concatenate(
-      tf.data.Dataset.from_tensors((sentinel, False))).enumerate()
+  def decode_record(index, record):
+    encoded, label, origin = parse(*record)
+    return (index, tf.ensure_shape(decode(encoded), image_shape),
+            tf.cast(label, tf.int64), origin)
 
-  def decode(index, flagged_record):
-    record, is_record = flagged_record
-
-    def real():
-      encoded, label, origin = parse(*record)
-      return _decode_image(encoded, size), tf.cast(label, tf.int64), origin
-
-    def end():
-      return tf.zeros((size, size, 3), tf.uint8), tf.constant(-1, tf.int64), ''
-
-    return (index, is_record) + tuple(tf.cond(is_record, real, end))
-
-  dataset = flagged.map(decode, num_parallel_calls=AUTOTUNE,
-                        deterministic=True).ignore_errors()
+  dataset = records.map(lambda *record: record).enumerate().map(
+      decode_record, num_parallel_calls=AUTOTUNE,
+      deterministic=True).ignore_errors()
 
   def count_gap(last, element):
-    index, is_record, image, label, origin = element
-    counter.variable.assign_add(index - last - 1)
-    return index, (is_record, image, label, origin)
+    index, image, label, origin = element
+    return index, (image, label, origin, tf.cast(index - last - 1, tf.int32),
+                   index)
 
-  dataset = dataset.scan(tf.constant(-1, tf.int64), count_gap)
-  return dataset.filter(lambda is_record, *_: is_record).map(
-      lambda is_record, image, label, origin: (image, label, origin))
+  return dataset.scan(tf.constant(-1, tf.int64), count_gap)
+
+
+def _without_skips(image, label, origin, skipped, index):
+  return image, label, origin, tf.zeros_like(skipped), index
 
 
 def _checked_label(image, label, origin, num_classes):
@@ -129,6 +209,12 @@ def _checked_label(image, label, origin, num_classes):
                               summarize=1)
   with tf.control_dependencies([check]):
     return image, tf.cast(label, tf.int32)
+
+
+def _labelled(dataset, source):
+  """(image, int32 label, skipped), the label checked against the classes."""
+  return dataset.map(lambda image, label, origin, skipped, index: (
+      *_checked_label(image, label, origin, source.num_classes), skipped))
 
 
 def label_error(error, num_classes, label_offset):
@@ -146,44 +232,29 @@ def label_error(error, num_classes, label_offset):
 # --- augmentation -------------------------------------------------------------
 
 
-def _random_resized_crop(image, size):
-  """ImageNet-style crop: 8%-100% of the area, aspect 3/4-4/3, then resize."""
-  begin, crop_size, _ = tf.image.sample_distorted_bounding_box(
-      tf.shape(image), bounding_boxes=tf.zeros((1, 0, 4)),
-      min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
-      area_range=(0.08, 1.0), max_attempts=10,
-      use_image_if_no_bounding_boxes=True)
-  image = tf.slice(image, begin, crop_size)
-  image = tf.image.resize(image, (size, size), antialias=True)
-  image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-  return tf.ensure_shape(image, (size, size, 3))
-
-
-def _augmenter(kind, size):
-  """The random training transform for `kind`, uint8 in and out."""
+def _augmenter(kind, size, crop):
+  """The random training transform for `kind`, uint8 in and out. `crop`:
+  the images are whole (a decoded cache's) and the random crop is taken
+  here; otherwise decoding took it."""
   randaugment = keras.layers.RandAugment(value_range=(0, 255), num_ops=2,
                                          factor=0.5)
 
-  def augment(image, label):
+  def augment(image, label, skipped):
     if kind.startswith('translate'):
       pad = max(size // 8, 1)
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.random_crop(image, (size, size, 3))
-    if kind.startswith('inception'):
-      image = _random_resized_crop(image, size)
+    if kind.startswith('inception') and crop:
+      image = tf.ensure_shape(_crop(image, _random_window, size),
+                              (size, size, 3))
     if kind in ('translate_flip', 'inception', 'inception_randaugment'):
       image = tf.image.random_flip_left_right(image)
     if kind == 'inception_randaugment':
       image = tf.cast(tf.clip_by_value(tf.round(randaugment(image)), 0, 255),
                       tf.uint8)
-    return image, label
+    return image, label, skipped
 
   return augment
-
-
-def _central_crop(image, label, size):
-  offset = (image.shape[0] - size) // 2
-  return image[offset:offset + size, offset:offset + size], label
 
 
 # --- caching -------------------------------------------------------------------
@@ -201,11 +272,18 @@ def _available_memory_bytes():
   return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
 
 
-def check_cache(config, source, available_bytes=None):
-  """Refuses a memory cache that would not fit in the free RAM (half of it),
-  or a file cache whose folder cannot be written."""
-  if not config.cache or gcs.is_gcs(config.cache):
-    return  # No cache, or a TPU Node's, which its workers write.
+def choose_cache(config, source, available_bytes=None):
+  """What `config.cache` caches: (kind, why), kind one of CACHE_KINDS.
+
+  'memory' holds the decoded images where they fit in half the free RAM,
+  else the encoded records (decoded and cropped again each epoch: about the
+  cost of no cache, without the reads), else refuses in one line. A file
+  prefix holds decoded images on disk; its folder must be writable.
+  """
+  if not config.cache:
+    return 'none', "cache=''"
+  if gcs.is_gcs(config.cache):  # A TPU Node's, which its workers write.
+    return 'decoded', f'cache={config.cache!r}, on the TPU workers'
   if config.cache != 'memory':
     try:
       storage.check_writable(os.path.dirname(os.path.abspath(config.cache)),
@@ -213,16 +291,31 @@ def check_cache(config, source, available_bytes=None):
     except UserError as e:
       raise UserError(f"{e}; use a writable path prefix, 'memory' or '' "
                       '(no cache)') from None
-    return
-  size = _cache_size(config)
-  needed = (source.num_train_examples + source.num_eval_examples) * size**2 * 3
+    return 'decoded', f'file cache {config.cache}-*'
+  size, examples = _cache_size(config), (source.num_train_examples +
+                                         source.num_eval_examples)
+  # A decoded cache keeps each training image's aspect (about 4:3) for
+  # random crops; evaluation's images are final.
+  aspect = 4 / 3 if config.augment.startswith('inception') else 1
+  decoded = 3 * (source.num_train_examples * size**2 * aspect +
+                 source.num_eval_examples * config.image_size**2)
   available = available_bytes or _available_memory_bytes()
-  if needed > available // 2:
-    raise UserError(
-        f'cache=memory needs about {needed / 2**30:.1f} GiB for '
-        f'{source.num_train_examples + source.num_eval_examples} images at '
-        f'{size} px, more than half the {available / 2**30:.1f} GiB free; use '
-        "--config.cache=/local/path/prefix (a file cache) or --config.cache=''")
+  gib = lambda n: f'{n / 2**30:.1f} GiB'
+  if decoded <= available // 2:
+    return 'decoded', (f'decoded images, {gib(decoded)}, fit in half the '
+                       f'{gib(available)} free')
+  if source.encoded_bytes and source.encoded_bytes <= available // 2:
+    return 'encoded', (
+        f'decoded images would take {gib(decoded)}, more than half the '
+        f'{gib(available)} free; the encoded records, '
+        f'{gib(source.encoded_bytes)}, fit: decoded and cropped each epoch')
+  raise UserError(
+      f'cache=memory needs about {gib(decoded)} for {examples} decoded '
+      f'images at {size} px'
+      + (f' ({gib(source.encoded_bytes)} encoded)'
+         if source.encoded_bytes else '') +
+      f', more than half the {gib(available)} free; use '
+      "--config.cache=/local/path/prefix (a file cache) or --config.cache=''")
 
 
 def _cache(dataset, config, split, input_context):
@@ -255,26 +348,65 @@ def _remove_stale_cache_lock(prefix):
 # --- input functions ------------------------------------------------------------
 
 
-def train_input_fn(config, source, global_batch_size, counter):
-  """An input function for strategy.distribute_datasets_from_function."""
+def _default_cache(config):
+  return 'decoded' if config.cache else 'none'
+
+
+def train_input_fn(config, source, global_batch_size, cache=None,
+                   service_job='train'):
+  """An input function for strategy.distribute_datasets_from_function:
+  batches of (uint8 images, int32 labels, int32 records skipped before each).
+
+  `cache`: choose_cache's kind (default: 'decoded' if config.cache). A
+  decoded cache holds whole images and augments after it; otherwise the
+  shuffled records are decoded with their random crop each epoch. With
+  config.data_service, the service's workers run it all as `service_job`.
+  """
   validate(config)
+  cache = cache or _default_cache(config)
   seed = config.seed if config.deterministic_input else None
-  size = _cache_size(config)
+  size = config.image_size
+  inception = config.augment.startswith('inception')
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = source.read('train', input_context, True, seed)
-    dataset = _decoded(dataset, source.parse, size, counter).map(
-        lambda x, y, o: _checked_label(x, y, o, source.num_classes))
-    dataset = _cache(dataset, config, 'train', input_context)
     buffer = min(config.shuffle_buffer, source.num_train_examples)
-    dataset = dataset.shuffle(buffer, seed=seed).repeat()
-    dataset = dataset.map(_augmenter(config.augment, config.image_size),
-                          num_parallel_calls=AUTOTUNE)
+    records = source.read('train', input_context, True, seed)
+    if cache == 'decoded':
+      # Inception crops need the whole image (aspect kept); others are
+      # final once decoded.
+      window, shape_of, image_shape = (
+          (_whole_window, _shorter_side(_cache_size(config)), (None, None, 3))
+          if inception else (_square_window, _square(size), (size, size, 3)))
+      dataset = _cache(_decoded(
+          records, source.parse,
+          lambda encoded: _decode_window(encoded, window, shape_of),
+          image_shape), config, 'train', input_context)
+      # Both read the one cache; the records were skipped once.
+      rest = dataset.map(_without_skips).shuffle(
+          buffer, seed=None if seed is None else seed + 1).repeat()
+      dataset = _labelled(
+          dataset.shuffle(buffer, seed=seed).concatenate(rest), source)
+    else:
+      if cache == 'encoded':
+        records = _cache(records, config, 'train', input_context)
+      records = records.shuffle(buffer, seed=seed).repeat()
+      window = _random_window if inception else _square_window
+      dataset = _labelled(_decoded(
+          records, source.parse,
+          lambda encoded: _decode_window(encoded, window, _square(size)),
+          (size, size, 3)), source)
+    dataset = dataset.map(
+        _augmenter(config.augment, size, crop=cache == 'decoded'),
+        num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     options = tf.data.Options()
     options.deterministic = config.deterministic_input
-    return dataset.with_options(options).prefetch(AUTOTUNE)
+    dataset = dataset.with_options(options)
+    if config.get('data_service', ''):
+      dataset = data_service.distribute(dataset, config.data_service,
+                                        service_job)
+    return dataset.prefetch(AUTOTUNE)
 
   return input_fn
 
@@ -284,36 +416,43 @@ def eval_steps(source, global_batch_size):
   return -(-source.num_eval_examples // global_batch_size)
 
 
-def eval_input_fn(config, source, global_batch_size, counter):
+def eval_input_fn(config, source, global_batch_size, cache=None):
   """Held-out examples as (image, label, weight), padded to full batches.
 
   Each pipeline pads its shard with weight-0 examples to the same number of
   full batches, so every example counts exactly once while every batch keeps
-  the static shape TPUs need.
+  the static shape TPUs need. A decoded cache holds the final images.
   """
   validate(config)
+  cache = cache or _default_cache(config)
   size = config.image_size
   steps = eval_steps(source, global_batch_size)
+  fraction = _central_fraction(config)
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     per_pipeline = steps * global_batch_size // input_context.num_input_pipelines
-    dataset = source.read('eval', input_context, False, None)
-    dataset = _decoded(dataset, source.parse, _cache_size(config),
-                       counter).map(
-        lambda x, y, o: _checked_label(x, y, o, source.num_classes))
-    dataset = dataset.map(lambda x, y: _central_crop(x, y, size) + (1.0,))
+    records = source.read('eval', input_context, False, None)
+    if cache == 'encoded':
+      records = _cache(records, config, 'eval', input_context)
+    dataset = _labelled(_decoded(
+        records, source.parse,
+        lambda encoded: eval_image(encoded, size, fraction),
+        (size, size, 3)), source)
+    dataset = dataset.map(lambda image, label, skipped: (image, label, 1.0))
     padding = tf.data.Dataset.from_tensors(
         (tf.zeros((size, size, 3), tf.uint8), 0, 0.0)).repeat()
     dataset = dataset.concatenate(padding).take(per_pipeline)
-    dataset = _cache(dataset, config, 'eval', input_context)
+    if cache == 'decoded':
+      dataset = _cache(dataset, config, 'eval', input_context)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
 
   return input_fn
 
 
 def validate(config):
-  """A one-line UserError for an augmentation this module does not know."""
+  """A one-line UserError for an input setting that cannot work."""
   if config.augment not in AUGMENTATIONS:
     raise UserError(f'unknown augment {config.augment!r}; accepted: '
                     f'{", ".join(AUGMENTATIONS)}')
+  data_service.validate(config)

@@ -65,7 +65,7 @@ class Evaluator:
         optimizer=self.trainer.optimizer, step=self.trainer.step)
     batch = plan.global_batch_size
     self.dataset = hardware.strategy.distribute_datasets_from_function(
-        data.eval_input_fn(config, plan.source, batch, data.SkipCounter()))
+        data.eval_input_fn(config, plan.source, batch, plan.cache))
     self.num_steps = data.eval_steps(plan.source, batch)
 
   def evaluate(self, step=None):

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 
 def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
-                initial_weights_sha256, skipped_records, checkpoint_blocked_s,
+                initial_weights_sha256, checkpoint_blocked_s,
                 export_dir):
   """The metrics.json dict of a finished run."""
   hardware = plan.hardware
@@ -34,7 +34,9 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
       'compile_s': progress.meter.compile_s,
       'train_images_per_sec': images_per_sec,
       'input_wait_fraction': wait_fraction,
-      'skipped_records': skipped_records,
+      # Training records that could not be decoded, counted each time read
+      # (a decoded cache reads them once).
+      'skipped_records': progress.skipped_records,
       'skipped_steps': trainer.skipped_steps,
       'checkpoint_blocked_s': checkpoint_blocked_s,
       'final_loss_scale': trainer.loss_scale,
@@ -44,6 +46,8 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
                              if plan.source.num_classes > 5 else None),
       'eval_loss': final_eval['loss'],
       'eval_examples': int(final_eval['examples']),
+      'eval_skipped_records': plan.source.num_eval_examples -
+                              int(final_eval['examples']),
       'export_dir': export_dir,
       'weights_sha256': trainer.weights_sha256(),
       'initial_weights_sha256': initial_weights_sha256,

@@ -63,6 +63,8 @@ class Plan:
   steps_per_epoch: int
   total_steps: int
   workdir: Optional[storage.Workdir]
+  cache: str = 'decoded'  # data.choose_cache's kind: none, decoded, encoded.
+  cache_reason: str = ''
 
   @property
   def policy(self):
@@ -109,6 +111,8 @@ class Plan:
         'steps_per_epoch': self.steps_per_epoch,
         'examples_per_epoch': self.examples_per_epoch,
         'total_steps': self.total_steps,
+        'cache': self.cache,
+        'cache_reason': self.cache_reason,
         'workdir': self.workdir.url if self.workdir else None,
     }
 
@@ -134,6 +138,11 @@ class Plan:
         f'learning rate {self.peak_learning_rate:.3g} = base '
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
+        f'Input: cache {self.cache} ({self.cache_reason}); augment '
+        f'{config.augment}'
+        + (f'; training input from tf.data service {config.data_service} '
+           '(sharding OFF: each worker streams the whole set)'
+           if config.get('data_service', '') else ''),
     ]
 
 
@@ -152,9 +161,10 @@ def resolve(config, request, hardware=None):
   steps_per_execution, steps_reason = choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind)
   validate(config, hardware)
+  data.validate(config)
   workdir = _open_workdir(config, request, hardware)
   source = sources.load_source(config)
-  data.check_cache(config, source)
+  cache, cache_reason = data.choose_cache(config, source)
   steps_per_epoch = epoch_steps(config.get('examples_per_epoch', 0),
                                 source.num_train_examples,
                                 config.global_batch_size)
@@ -166,7 +176,8 @@ def resolve(config, request, hardware=None):
       peak_learning_rate=config.base_learning_rate *
       config.global_batch_size / 256,
       source=source, steps_per_epoch=steps_per_epoch,
-      total_steps=config.epochs * steps_per_epoch, workdir=workdir)
+      total_steps=config.epochs * steps_per_epoch, workdir=workdir,
+      cache=cache, cache_reason=cache_reason)
   for line in plan.describe(config):
     logging.info('%s', line)
   return plan

@@ -45,12 +45,15 @@ def expand(patterns):
 def read_images(paths, preprocessing):
   """(uint8 images, the paths read, [(path, reason)] of those skipped)."""
   images, kept, skipped = [], [], []
+  size = preprocessing['image_size']
+  # Exports before central_fraction recorded decode_size (size / fraction).
+  fraction = preprocessing.get('central_fraction',
+                               size / preprocessing.get('decode_size', size))
   for path in paths:
     try:
       with open(path, 'rb') as f:
         encoded = f.read()
-      images.append(data.eval_image(encoded, preprocessing['image_size'],
-                                    preprocessing['decode_size']).numpy())
+      images.append(data.eval_image(encoded, size, fraction).numpy())
       kept.append(path)
     except (OSError, tf.errors.OpError) as e:
       skipped.append((path, first_line(e)))

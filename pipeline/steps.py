@@ -42,7 +42,10 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
 
 def make_train_function(model, optimizer, strategy, global_batch_size,
                         num_classes, label_smoothing, step, jit_compile):
-  """Returns train(iterator, num_steps) -> dict of float32 scalars.
+  """Returns train(iterator, num_steps) -> dict of scalars.
+
+  Batches are (images, labels) or data.py's (images, labels, skipped): then
+  `skipped_records` sums the records the input skipped.
 
   `step` counts every step taken, including those LossScaleOptimizer skips
   for non-finite gradients; `optimizer.iterations` counts applied updates,
@@ -91,23 +94,27 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
     loss_sum = tf.constant(0.0)
     correct_sum = tf.constant(0.0)
     wait_s = tf.constant(0.0, tf.float64)
+    skipped_sum = tf.constant(0)
     for _ in tf.range(num_steps):
       # Stateful ops run in program order, so this brackets the fetch alone.
       start = tf.timestamp()
-      images, labels = next(iterator)
+      batch = next(iterator)
       with tf.control_dependencies(tf.nest.flatten(
-          strategy.experimental_local_results((images, labels)))):
+          strategy.experimental_local_results(batch))):
         wait_s += tf.timestamp() - start
-      loss, correct = strategy.run(replica_step, args=(images, labels))
+      loss, correct = strategy.run(replica_step, args=batch[:2])
       loss_sum += strategy.reduce(SUM, loss, axis=None)
       correct_sum += strategy.reduce(SUM, correct, axis=None)
+      if len(batch) > 2:  # Records the input skipped (data.py).
+        skipped_sum += strategy.reduce(
+            SUM, strategy.run(tf.reduce_sum, args=batch[2:]), axis=None)
       step.assign_add(1)
     if strategy.num_replicas_in_sync > 1 and batch_norm_statistics:
       strategy.run(average_batch_norm_statistics)
     steps = tf.cast(num_steps, tf.float32)
     return {'loss': loss_sum / steps,
             'accuracy': correct_sum / (steps * global_batch_size),
-            'input_wait_s': wait_s}
+            'input_wait_s': wait_s, 'skipped_records': skipped_sum}
 
   return train
 

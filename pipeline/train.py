@@ -49,15 +49,15 @@ def train_and_evaluate(config, plan, extra_actions=()):
     logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
 
   strategy, batch = hardware.strategy, plan.global_batch_size
-  skips = data.SkipCounter()
   train_data = strategy.distribute_datasets_from_function(
-      data.train_input_fn(config, plan.source, batch, skips))
+      data.train_input_fn(config, plan.source, batch, plan.cache,
+                          service_job=f'train:{workdir.url}'))
   eval_data = strategy.distribute_datasets_from_function(
-      data.eval_input_fn(config, plan.source, batch, skips))
+      data.eval_input_fn(config, plan.source, batch, plan.cache))
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
   progress = actions.ReportProgress(trainer, plan, config.log_every_steps,
-                                    train_writer, skips)
+                                    train_writer)
   evaluate = actions.Evaluate(
       trainer, eval_data, data.eval_steps(plan.source, batch),
       plan.steps_per_epoch * config.eval_every_epochs, eval_writer,
@@ -83,7 +83,7 @@ def train_and_evaluate(config, plan, extra_actions=()):
   result = metrics.run_metrics(
       config, plan, trainer, progress, final_eval, initial_step=initial_step,
       initial_weights_sha256=initial_weights_sha256,
-      skipped_records=skips.count, checkpoint_blocked_s=checkpointer.blocked_s,
+      checkpoint_blocked_s=checkpointer.blocked_s,
       export_dir=_export(config, plan, trainer.model))
   if keep_best:  # Last: it loads the best weights into the model.
     keep_best.checkpointer.restore_latest()

@@ -1,6 +1,7 @@
 """A user's TFRecord directory, end to end: export, train, benchmark."""
 
 import json
+import math
 
 import pytest
 
@@ -75,9 +76,33 @@ def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   figures = json.loads(output.read_text())
   for key in ('input_cold_images_per_sec', 'input_warm_images_per_sec',
+              'input_images_per_sec_per_core', 'reference_input_images_per_sec',
               'train_synthetic_images_per_sec', 'train_real_images_per_sec',
               'compile_s'):
     assert figures[key] > 0, key
-  for row in ('input alone, cold cache', 'input alone, warm cache',
-              'train, synthetic on device', 'train, real input'):
+  assert figures['input_vs_reference'] == pytest.approx(
+      figures['input_warm_images_per_sec'] /
+      figures['reference_input_images_per_sec'])
+  for row in ('input alone, first pass (decoded cache)',
+              'input alone, second pass', 'per core (',
+              'reference input (tensorflow/tpu)', 'train, synthetic on device',
+              'train, real input', 'input / reference preprocessing: '):
     assert row in result.stdout
+
+
+def test_benchmark_of_the_input_alone_against_a_target(jpeg_dir, tmp_path):
+  output = tmp_path / 'bench.json'
+  result = run_module('launch.benchmark', *_tfrecord_flags(jpeg_dir),
+                      '--config.global_batch_size=16', '--config.cache=',
+                      '--config.augment=inception', '--input_only',
+                      '--target_images_per_sec=1e7', f'--output={output}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  figures = json.loads(output.read_text())
+  assert figures['cache'] == 'none' and 'compile_s' not in figures
+  assert figures['input_feeds_target'] is False
+  assert figures['cores_for_target'] == math.ceil(
+      1e7 / figures['input_images_per_sec_per_core'])
+  assert (f'target 10000000 images/s: NOT fed by these {figures["cores"]} '
+          f'cores; at this rate it needs {figures["cores_for_target"]} cores'
+          in result.stdout)
+  assert 'train, ' not in result.stdout

@@ -176,6 +176,7 @@ def test_predict_from_image_files(mirrored_run, tmp_path):
   model, metadata = predict.load(os.path.join(workdir, 'export'))
   assert metadata['class_names'] == [str(i) for i in range(10)]
   assert metadata['preprocessing']['image_size'] == 32
+  assert metadata['preprocessing']['central_fraction'] == 1.0
   images, paths, skipped = predict.read_images(
       predict.expand([str(tmp_path / '*')]), metadata['preprocessing'])
   assert [os.path.basename(p) for p in paths] == ['a.jpg', 'b.png',
@@ -188,7 +189,7 @@ def test_predict_from_image_files(mirrored_run, tmp_path):
   np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
   # Exactly evaluation's preprocessing, through the export's signature.
   with open(tmp_path / 'b.png', 'rb') as f:
-    expected = model.serve(data.eval_image(f.read(), 32, 32)[None]).numpy()
+    expected = model.serve(data.eval_image(f.read(), 32, 1.0)[None]).numpy()
   np.testing.assert_allclose(probs[1], expected[0], rtol=1e-6)
   top = predict.top_k(probs, metadata['class_names'], 3)
   assert [len(row) for row in top] == [3, 3, 3]

@@ -84,7 +84,7 @@ def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
 
   # Once per execution; the poisoned one rolled back to the checkpoint of
   # step 4 and the run went on from there to the end.
-  outputs = ['accuracy', 'input_wait_s', 'loss']
+  outputs = ['accuracy', 'input_wait_s', 'loss', 'skipped_records']
   assert executions == [(0, 2, False, outputs), (2, 4, False, outputs),
                         (4, 6, False, outputs), (4, 6, False, outputs),
                         (6, 8, True, outputs)]

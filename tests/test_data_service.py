@@ -1,0 +1,114 @@
+"""The training input through tf.data service: a real dispatcher and two
+real workers (in this process for the fast case, as separate processes
+started by launch.data_service for the slow end-to-end run)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from configs import default
+from pipeline import data
+from pipeline import data_service
+from pipeline import sources
+from pipeline import tfrecords
+from pipeline.errors import UserError
+from tests.conftest import REPO
+from tests.conftest import run_train
+from tests.conftest import tiny_args
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _tfrecord_config(root, **overrides):
+  config = default.get_config()
+  config.update(dict(dataset='tfrecord', train_files=str(root / 'train-*'),
+                     eval_files=str(root / 'train-*'), num_classes=4,
+                     image_size=32, augment='inception'), **overrides)
+  return config
+
+
+def _write_set(root):
+  """16 JPEGs whose brightness encodes the label, and one bad record."""
+  records = [tfrecords.serialize(tf.io.encode_jpeg(
+      np.full((40, 48, 3), 40 + 50 * (i % 4), np.uint8)).numpy(), i % 4)
+             for i in range(16)]
+  records.insert(7, tfrecords.serialize(b'not an image', 1))
+  tfrecords.write(str(root / 'train-0'), records)
+
+
+def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
+  _write_set(tmp_path)
+  dispatcher = tf.data.experimental.service.DispatchServer()
+  address = dispatcher.target.removeprefix('grpc://')
+  workers = [data_service.start_worker(_free_port(), address)
+             for _ in range(2)]
+  config = _tfrecord_config(tmp_path, data_service=dispatcher.target)
+  source = sources.load_source(config)
+  dataset = data.train_input_fn(config, source, 8, service_job='test')(
+      tf.distribute.InputContext())
+  batches = list(dataset.take(12))
+  for images, labels, _ in batches:
+    assert images.shape == (8, 32, 32, 3) and images.dtype == tf.uint8
+    # Crops of a flat image keep its brightness: image and label together.
+    assert np.allclose(images.numpy().mean((1, 2, 3)),
+                       40 + 50 * labels.numpy(), atol=3)
+  # Each worker streams the whole set and counts its one bad record on its
+  # cached first pass; the counts reach the trainer inside the batches.
+  skipped = sum(int(tf.reduce_sum(s)) for _, _, s in batches)
+  assert skipped in (1, 2)
+  # Both workers run the job (else the pipeline ran here).
+  assert [w._num_tasks() for w in workers] == [1, 1]  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(data_service='localhost:5050'), 'expected grpc://HOST:PORT'),
+    (dict(data_service='grpc://localhost:5050', deterministic_input=True),
+     'deterministic_input=True cannot hold through data_service'),
+])
+def test_bad_data_service_settings_are_one_line(overrides, message):
+  config = default.get_config()
+  config.update(overrides)
+  with pytest.raises(UserError, match=message):
+    data.validate(config)
+
+
+@pytest.mark.slow
+def test_a_run_reads_through_a_local_dispatcher_and_two_workers(tmp_path,
+                                                                 tfds_dir):
+  port = _free_port()
+  started = [subprocess.Popen(
+      [sys.executable, '-m', 'launch.data_service', *args], cwd=REPO,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for args in (
+                 ['--role=dispatcher', f'--port={port}'],
+                 ['--role=worker', f'--port={_free_port()}',
+                  f'--dispatcher=localhost:{port}'],
+                 ['--role=worker', f'--port={_free_port()}',
+                  f'--dispatcher=localhost:{port}'])]
+  try:
+    time.sleep(10)  # TensorFlow's import; the trainer retries meanwhile.
+    assert all(p.poll() is None for p in started)
+    result = run_train(*tiny_args(str(tmp_path / 'run'), tfds_dir,
+                                  f'--config.data_service=grpc://localhost:{port}'))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f'training input from tf.data service grpc://localhost:{port}'
+            in result.stderr)
+    metrics = json.loads((tmp_path / 'run' / 'metrics.json').read_text())
+    assert metrics['train_steps'] == metrics['total_steps'] == 16
+    assert metrics['eval_accuracy'] is not None
+  finally:
+    for process in started:
+      process.terminate()
+      process.wait(timeout=30)
+  assert os.path.exists(tmp_path / 'run' / 'export')
