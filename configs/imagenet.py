@@ -7,6 +7,13 @@ tensorflow/tpu's reference reaches top-1 76.7 after 350 epochs at batch
 4096 on TPU; this config keeps its recipe's shape (SGD, cosine decay,
 label smoothing 0.1) at a shorter schedule. imagenet2012 must be prepared in
 data_dir beforehand (tfds needs the manually downloaded archives).
+
+Input: uncached, about 620-660 images/s per core at 224 px (2-core Xeon,
+photographs of ImageNet's size; BUILD_NOTES.md, launch.benchmark
+--input_only), at par with tensorflow/tpu's own preprocessing. EfficientNet-B0
+with mixed precision trains at 3,454 images/s on one A100 (NVIDIA's figure),
+so each A100 needs about 6 such cores: 48 of an 8-GPU VM's 96 vCPUs. Short
+of cores, move the input to CPU machines with --config.data_service.
 """
 
 from configs import default

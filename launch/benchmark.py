@@ -8,6 +8,9 @@
       --config.eval_files='/tmp/photos/eval-*' --config.num_classes=10 \
       --config.global_batch_size=32 --target_images_per_sec=3454
 
+  # First run on new hardware: which policy and XLA setting is fastest here.
+  python -m launch.benchmark --policies=float32,mixed_float16,mixed_bfloat16
+
 Prints a table and writes it as JSON (--output). Same hardware and config
 flags as launch.train.
 """
@@ -33,6 +36,13 @@ _EXECUTIONS = flags.DEFINE_integer(
 _OUTPUT = flags.DEFINE_string('output', 'benchmark.json', 'Where the JSON goes.')
 _INPUT_ONLY = flags.DEFINE_bool(
     'input_only', False, 'Measure the input pipeline alone (no model).')
+_POLICIES = flags.DEFINE_list(
+    'policies', [], 'Sweep instead: train a few executions on a synthetic '
+    'batch for each of these policies (and each XLA setting valid here) and '
+    'print images/s, compile time and the fastest, e.g. '
+    'float32,mixed_float16,mixed_bfloat16.')
+_XLA_SETTINGS = flags.DEFINE_list(
+    'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try.')
 _TARGET = flags.DEFINE_float(
     'target_images_per_sec', 0,
     'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
@@ -44,12 +54,19 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = cli.load_config()
   try:
-    run_plan = plan.resolve(config, cli.request(config, workdir_default=False))
-    result = benchmark.run(config, run_plan, _EXECUTIONS.value,
-                           _INPUT_ONLY.value, _TARGET.value)
+    request = cli.request(config, workdir_default=False)
+    if _POLICIES.value:
+      result = benchmark.sweep(config, request, _POLICIES.value,
+                               _XLA_SETTINGS.value, _EXECUTIONS.value)
+      text = benchmark.sweep_table(result)
+    else:
+      result = benchmark.run(config, plan.resolve(config, request),
+                             _EXECUTIONS.value, _INPUT_ONLY.value,
+                             _TARGET.value)
+      text = benchmark.table(result)
   except UserError as e:
     sys.exit(f'error: {e}')
-  print(benchmark.table(result))
+  print(text)
   with open(_OUTPUT.value, 'w') as f:
     json.dump(result, f, indent=2)
   print(f'written to {_OUTPUT.value}')

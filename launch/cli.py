@@ -104,10 +104,13 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
     'num_cpu_devices', 1, 'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
     'accelerators.')
+ALLOW_CPU = flags.DEFINE_bool(
+    'allow_cpu', False, 'Train on the CPU even though this machine has '
+    'NVIDIA GPUs that TensorFlow cannot use (otherwise the run stops).')
 # What launch.compare passes on to every run it starts.
 HARDWARE_FLAGS = (TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
                   XLA, COLLECTIVE, COLLECTIVE_TIMEOUT_S, STAGING_DIR,
-                  NUM_CPU_DEVICES)
+                  NUM_CPU_DEVICES, ALLOW_CPU)
 
 
 def load_config():
@@ -134,7 +137,8 @@ def request(config, workdir_default=True):
       gcp_project=GCP_PROJECT.value,
       tpu_runtime_version=TPU_RUNTIME_VERSION.value, gpus=GPUS.value,
       num_cpu_devices=NUM_CPU_DEVICES.value, collective=COLLECTIVE.value,
-      collective_timeout_s=COLLECTIVE_TIMEOUT_S.value)
+      collective_timeout_s=COLLECTIVE_TIMEOUT_S.value,
+      allow_cpu=ALLOW_CPU.value)
 
 
 def config_args():

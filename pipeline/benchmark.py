@@ -8,8 +8,10 @@ and training on the real input. Compile time is timed apart, never mixed into
 a throughput.
 """
 
+import dataclasses
 import math
 import os
+import statistics
 import time
 
 import numpy as np
@@ -17,8 +19,13 @@ import tensorflow as tf
 from absl import logging
 
 from pipeline import data
+from pipeline import plan as plan_lib
+from pipeline import precision
 from pipeline import tfrecords
+
+_ROUNDS = 3  # Of ours against the reference.
 from pipeline import trainer as trainer_lib
+from pipeline.errors import UserError
 
 
 def input_throughput(config, source, global_batch_size, max_batches,
@@ -148,11 +155,20 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
       'input_images_per_sec_per_core': warm / cores,
   }
   if source.name == 'tfrecord':
-    logging.info('Reference preprocessing (tensorflow/tpu) on the same files')
-    reference = reference_throughput(tfrecords.list_files(config.train_files),
-                                     config.image_size, batch, batches)
-    result.update(reference_input_images_per_sec=reference,
-                  input_vs_reference=warm / reference)
+    # Alternated, as neighbours on a shared machine change both alike.
+    logging.info('Ours and the reference preprocessing (tensorflow/tpu) on '
+                 'the same files, alternated %d times', _ROUNDS)
+    files = tfrecords.list_files(config.train_files)
+    ours, reference = zip(*[
+        (input_throughput(config, source, batch, batches, plan.cache)[1],
+         reference_throughput(files, config.image_size, batch, batches))
+        for _ in range(_ROUNDS)])
+    result.update(
+        input_rounds_images_per_sec=list(ours),
+        reference_rounds_images_per_sec=list(reference),
+        reference_input_images_per_sec=statistics.median(reference),
+        input_vs_reference=statistics.median(
+            o / r for o, r in zip(ours, reference)))
   if target_images_per_sec:
     result.update(target_images_per_sec=target_images_per_sec,
                   input_feeds_target=warm >= target_images_per_sec,
@@ -168,25 +184,9 @@ def _train_throughputs(config, plan, executions):
   """Training on one synthetic batch on the device, then on the real input."""
   strategy, source = plan.hardware.strategy, plan.source
   batch, spe = plan.global_batch_size, plan.steps_per_execution
-  images_per_execution = batch * spe * executions
   trainer = trainer_lib.build(config, plan)
-  size = config.image_size
-  rng = np.random.RandomState(0)
-  images = rng.randint(0, 256, (batch, size, size, 3)).astype(np.uint8)
-  labels = rng.randint(0, source.num_classes, batch).astype(np.int32)
-
-  def synthetic(input_context):
-    per_replica = input_context.get_per_replica_batch_size(batch)
-    one = tf.data.Dataset.from_tensors((images[:per_replica],
-                                        labels[:per_replica]))
-    return one.cache().repeat()
-
-  logging.info('Training on a synthetic batch: %d executions', executions)
-  synthetic_iterator = iter(strategy.distribute_datasets_from_function(synthetic))
-  compile_s, seconds, synthetic_wait = _timed_executions(
-      trainer, synthetic_iterator, spe, executions)
-  synthetic_rate = images_per_execution / seconds
-
+  compile_s, synthetic_rate, synthetic_wait = _synthetic_throughput(
+      config, plan, trainer, executions)
   logging.info('Training on the real input: %d executions', executions)
   real_iterator = iter(strategy.distribute_datasets_from_function(
       data.train_input_fn(config, source, batch, plan.cache)))
@@ -195,17 +195,124 @@ def _train_throughputs(config, plan, executions):
   return {
       'train_synthetic_images_per_sec': synthetic_rate,
       'train_synthetic_input_wait_fraction': synthetic_wait,
-      'train_real_images_per_sec': images_per_execution / seconds,
+      'train_real_images_per_sec': batch * spe * executions / seconds,
       'train_real_input_wait_fraction': real_wait,
       'compile_s': compile_s,
   }
+
+
+def _synthetic_throughput(config, plan, trainer, executions):
+  """(compile_s, images/s, input wait) training on one random batch that is
+  already on the device: the model's ceiling."""
+  batch, spe = plan.global_batch_size, plan.steps_per_execution
+  size = config.image_size
+  rng = np.random.RandomState(0)
+  images = rng.randint(0, 256, (batch, size, size, 3)).astype(np.uint8)
+  labels = rng.randint(0, plan.source.num_classes, batch).astype(np.int32)
+
+  def synthetic(input_context):
+    per_replica = input_context.get_per_replica_batch_size(batch)
+    one = tf.data.Dataset.from_tensors((images[:per_replica],
+                                        labels[:per_replica]))
+    return one.cache().repeat()
+
+  logging.info('Training on a synthetic batch: %d executions', executions)
+  iterator = iter(plan.hardware.strategy.distribute_datasets_from_function(
+      synthetic))
+  compile_s, seconds, wait = _timed_executions(trainer, iterator, spe,
+                                               executions)
+  return compile_s, batch * spe * executions / seconds, wait
+
+
+def xla_settings(hardware):
+  """(--xla value, why it is skipped or None) worth trying on `hardware`."""
+  if hardware.device_kind == 'TPU':
+    return [('on', None)]  # A TPU runs nothing but XLA programs.
+  if hardware.num_replicas > 1:
+    return [('off', None), ('on', 'XLA fails under Mirrored strategies in '
+                            'Keras 3 (keras#21366, keras#18666)')]
+  return [('off', None), ('on', None)]
+
+
+def sweep(config, request, policies, xla=('off', 'on'), executions=3):
+  """Trains a few executions on a synthetic batch for every valid (policy,
+  XLA) pair: rows of images/s and compile time, or why a pair was skipped.
+
+  For deciding on new hardware in minutes: no accuracy (launch.compare
+  trains to accuracy). The hardware is found once, for all pairs.
+  """
+  for policy in policies:
+    if policy not in precision.POLICIES or policy == 'auto':
+      raise UserError(f'unknown policy {policy!r} in --policies; accepted: '
+                      f'{", ".join(p for p in precision.POLICIES if p != "auto")}')
+  for setting in xla:
+    if setting not in ('off', 'on'):
+      raise UserError(f'unknown XLA setting {setting!r} in --xla_settings; '
+                      'accepted: off, on')
+  hardware = request.find_hardware()
+  rows = []
+  for policy in policies:
+    for setting, skip in xla_settings(hardware):
+      if setting not in xla:
+        continue
+      row = {'policy': policy, 'xla': setting}
+      rows.append(row)
+      if skip:
+        row['skipped'] = skip
+        continue
+      try:
+        run_plan = plan_lib.resolve(
+            config, dataclasses.replace(request, policy=policy, xla=setting),
+            hardware)
+      except UserError as e:
+        row['skipped'] = str(e)
+        continue
+      trainer = trainer_lib.build(config, run_plan)
+      compile_s, rate, _ = _synthetic_throughput(config, run_plan, trainer,
+                                                 executions)
+      row.update(images_per_sec=rate, compile_s=compile_s)
+  measured = [r for r in rows if 'images_per_sec' in r]
+  fastest = max(measured, key=lambda r: r['images_per_sec'], default=None)
+  float32 = [r['images_per_sec'] for r in measured if r['policy'] == 'float32']
+  return {
+      'device_kind': hardware.device_kind, 'detail': hardware.detail,
+      'strategy': hardware.strategy_name, 'model': config.model,
+      'image_size': config.image_size,
+      'global_batch_size': config.global_batch_size, 'rows': rows,
+      'fastest': fastest,
+      'speedup_over_float32': (fastest['images_per_sec'] / max(float32)
+                               if fastest and float32 else None),
+  }
+
+
+def sweep_table(result):
+  """The sweep as a small text table, the fastest pair last."""
+  lines = [f'{result["model"]} at {result["image_size"]} px, batch '
+           f'{result["global_batch_size"]}, {result["device_kind"]} '
+           f'({result["detail"]}), {result["strategy"]}',
+           f'{"policy":<16} {"xla":<4} {"images/s":>10} {"compile s":>10}']
+  for row in result['rows']:
+    if 'skipped' in row:
+      lines.append(f'{row["policy"]:<16} {row["xla"]:<4} skipped: '
+                   f'{row["skipped"]}')
+    else:
+      lines.append(f'{row["policy"]:<16} {row["xla"]:<4} '
+                   f'{row["images_per_sec"]:>10.1f} {row["compile_s"]:>10.1f}')
+  fastest = result['fastest']
+  if fastest:
+    speedup = result['speedup_over_float32']
+    lines.append(
+        f'fastest: --policy={fastest["policy"]} --xla={fastest["xla"]}, '
+        f'{fastest["images_per_sec"]:.1f} images/s'
+        + (f', {speedup:.2f}x the fastest float32' if speedup else ''))
+  return '\n'.join(lines)
 
 
 def table(result):
   """A small text table of the benchmark's figures."""
   r = result
   rows = [
-      (f'input alone, first pass ({r["cache"]} cache)',
+      (f'input alone, first pass (cache: {r["cache"]})',
        r['input_cold_images_per_sec'], None),
       ('input alone, second pass', r['input_warm_images_per_sec'], None),
       (f'  per core ({r["cores"]} cores)', r['input_images_per_sec_per_core'],
@@ -227,8 +334,13 @@ def table(result):
     lines.append(f'{name:<36} {rate:>10.1f} '
                  f'{"" if wait is None else f"{wait:.1%}":>11}')
   if 'input_vs_reference' in r:
-    lines.append(f'input / reference preprocessing: '
-                 f'{r["input_vs_reference"]:.2f}x')
+    lines.append(
+        f'input / reference preprocessing: {r["input_vs_reference"]:.2f}x '
+        f'(median of {len(r["input_rounds_images_per_sec"])} alternated '
+        'rounds: ' + ', '.join(
+            f'{o:.0f}/{f:.0f}' for o, f in zip(
+                r['input_rounds_images_per_sec'],
+                r['reference_rounds_images_per_sec'])) + ')')
   if 'target_images_per_sec' in r:
     lines.append(
         f'target {r["target_images_per_sec"]:.0f} images/s: '

@@ -26,16 +26,9 @@ AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
 # Inception-style runs cache a larger image; eval takes the central 87.5%.
 _CENTRAL_FRACTION = 0.875
 _LABEL_ERROR = 'LABEL_OUT_OF_RANGE'
-
-
-# --- decode, count what cannot be decoded -------------------------------------
-#
-# A record that cannot be decoded is skipped and counted. The count travels
-# with the data: each training example carries the number of records skipped
-# just before it in its stream, and the train step sums them. So it needs no
-# host variable, and it holds where the pipeline runs on other machines
-# (tf.data service workers). Evaluation counts by difference: records minus
-# examples evaluated.
+# As tensorflow/tpu's input: AUTOTUNE kept too few decodes in flight for an
+# ordered map (1,200 vs 1,320 img/s at 224 px on 2 cores; BUILD_NOTES.md).
+_DECODES_IN_FLIGHT = 64
 
 
 def eval_preprocessing(config):
@@ -111,8 +104,8 @@ def _random_window(shape):
       area_range=(0.08, 1.0), max_attempts=10,
       use_image_if_no_bounding_boxes=True)
   whole = tf.reduce_all(tf.equal(size[:2], shape[:2]))  # No box was found.
-  return tf.cond(whole, lambda: _central_window(shape, _CENTRAL_FRACTION),
-                 lambda: tf.stack([begin[0], begin[1], size[0], size[1]]))
+  return tf.where(whole, _central_window(shape, _CENTRAL_FRACTION),
+                  tf.stack([begin[0], begin[1], size[0], size[1]]))
 
 
 def _square(size):
@@ -131,28 +124,30 @@ def _decode_window(encoded, window_of, shape_of):
   """uint8 [height, width, 3]: the window `window_of(image shape)` of an
   encoded image, resized to `shape_of(window)`. A JPEG decodes that window
   alone (at 1/2, 1/4 or 1/8 scale where it is at least that many times the
-  output); other formats decode whole. channels=3 turns grayscale, RGBA and
-  CMYK into RGB.
+  output), then a bilinear resize; other formats decode whole, then
+  _resize. channels=3 turns grayscale, RGBA and CMYK into RGB.
   """
   def jpeg():
     window = window_of(tf.image.extract_jpeg_shape(encoded))
-    shrink = tf.reduce_min(window[2:]) // tf.reduce_min(shape_of(window))
+    shape = shape_of(window)
+    shrink = tf.reduce_min(window[2:]) // tf.reduce_min(shape)
     scale = tf.reduce_sum(tf.cast(shrink >= [2, 4, 8], tf.int32))
 
     def at(ratio):
       return lambda: tf.image.decode_and_crop_jpeg(
           encoded, window // ratio, channels=3, ratio=ratio)
 
-    return tf.switch_case(scale, [at(1), at(2), at(4), at(8)]), window
+    image = tf.switch_case(scale, [at(1), at(2), at(4), at(8)])
+    return _to_uint8(tf.image.resize(image, shape))
 
   def other():
     image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
     window = window_of(tf.shape(image))
-    return tf.slice(image, [window[0], window[1], 0],
-                    [window[2], window[3], 3]), window
+    image = tf.slice(image, [window[0], window[1], 0],
+                     [window[2], window[3], 3])
+    return _resize(image, shape_of(window))
 
-  image, window = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
-  return _resize(image, shape_of(window))
+  return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
 
 
 def _crop(image, window_of, size):
@@ -166,55 +161,59 @@ def _resize(image, shape):
   """uint8 image resized to `shape`: bilinear; antialiased where it shrinks
   by 2x or more."""
   shrink = tf.reduce_min(tf.shape(image)[:2]) >= 2 * tf.reduce_min(shape)
-  resized = tf.cond(shrink,
-                    lambda: tf.image.resize(image, shape, antialias=True),
-                    lambda: tf.image.resize(image, shape))
-  return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+  return _to_uint8(tf.cond(
+      shrink, lambda: tf.image.resize(image, shape, antialias=True),
+      lambda: tf.image.resize(image, shape)))
 
 
-def _decoded(records, parse, decode, image_shape):
+def _to_uint8(image):
+  return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
+# --- decode, count what cannot be decoded -------------------------------------
+#
+# A record that cannot be decoded is skipped and counted. The count travels
+# with the data: each training example carries the number of records skipped
+# just before it in its stream, and the train step sums them. So it needs no
+# host variable, and it holds where the pipeline runs on other machines
+# (tf.data service workers). Evaluation counts by difference: records minus
+# examples evaluated.
+
+
+def _decoded(records, parse, decode, image_shape, num_classes):
   """Parses and decodes records, skipping those that fail: elements
-  (image, label, origin, skipped, index), `skipped` the records dropped just
-  before this one, `index` its record number in the pass.
+  (image, int32 label, skipped), `skipped` the records dropped just before
+  this one.
 
   `decode(encoded)` -> uint8 image of `image_shape`. Records are numbered
   before decoding; after ignore_errors() the gaps in the numbering are the
-  skipped records (an ordered map keeps the numbers in order; about 3% of
-  throughput, within noise: BUILD_NOTES.md).
+  skipped records (an ordered map keeps the numbers in order: no measurable
+  cost, BUILD_NOTES.md). Labels are checked after the skipping, so a bad
+  label stops the run rather than pass for a bad record.
   """
   def decode_record(index, record):
     encoded, label, origin = parse(*record)
     return (index, tf.ensure_shape(decode(encoded), image_shape),
             tf.cast(label, tf.int64), origin)
 
-  dataset = records.map(lambda *record: record).enumerate().map(
-      decode_record, num_parallel_calls=AUTOTUNE,
+  dataset = records.enumerate().map(
+      decode_record, num_parallel_calls=_DECODES_IN_FLIGHT,
       deterministic=True).ignore_errors()
 
   def count_gap(last, element):
     index, image, label, origin = element
-    return index, (image, label, origin, tf.cast(index - last - 1, tf.int32),
-                   index)
+    in_range = (label >= 0) & (label < num_classes)
+    check = tf.debugging.Assert(in_range, [_LABEL_ERROR, label, origin],
+                                summarize=1)
+    with tf.control_dependencies([check]):
+      return index, (image, tf.cast(label, tf.int32),
+                     tf.cast(index - last - 1, tf.int32))
 
   return dataset.scan(tf.constant(-1, tf.int64), count_gap)
 
 
-def _without_skips(image, label, origin, skipped, index):
-  return image, label, origin, tf.zeros_like(skipped), index
-
-
-def _checked_label(image, label, origin, num_classes):
-  in_range = (label >= 0) & (label < num_classes)
-  check = tf.debugging.Assert(in_range, [_LABEL_ERROR, label, origin],
-                              summarize=1)
-  with tf.control_dependencies([check]):
-    return image, tf.cast(label, tf.int32)
-
-
-def _labelled(dataset, source):
-  """(image, int32 label, skipped), the label checked against the classes."""
-  return dataset.map(lambda image, label, origin, skipped, index: (
-      *_checked_label(image, label, origin, source.num_classes), skipped))
+def _without_skips(image, label, skipped):
+  return image, label, tf.zeros_like(skipped)
 
 
 def label_error(error, num_classes, label_offset):
@@ -233,13 +232,13 @@ def label_error(error, num_classes, label_offset):
 
 
 def _augmenter(kind, size, crop):
-  """The random training transform for `kind`, uint8 in and out. `crop`:
-  the images are whole (a decoded cache's) and the random crop is taken
-  here; otherwise decoding took it."""
+  """The random training transform of a uint8 image for `kind`. `crop`: the
+  image is whole (a decoded cache's) and the random crop is taken here;
+  otherwise decoding took it."""
   randaugment = keras.layers.RandAugment(value_range=(0, 255), num_ops=2,
                                          factor=0.5)
 
-  def augment(image, label, skipped):
+  def augment(image):
     if kind.startswith('translate'):
       pad = max(size // 8, 1)
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
@@ -250,9 +249,8 @@ def _augmenter(kind, size, crop):
     if kind in ('translate_flip', 'inception', 'inception_randaugment'):
       image = tf.image.random_flip_left_right(image)
     if kind == 'inception_randaugment':
-      image = tf.cast(tf.clip_by_value(tf.round(randaugment(image)), 0, 255),
-                      tf.uint8)
-    return image, label, skipped
+      image = _to_uint8(randaugment(image))
+    return image
 
   return augment
 
@@ -381,24 +379,26 @@ def train_input_fn(config, source, global_batch_size, cache=None,
       dataset = _cache(_decoded(
           records, source.parse,
           lambda encoded: _decode_window(encoded, window, shape_of),
-          image_shape), config, 'train', input_context)
+          image_shape, source.num_classes), config, 'train', input_context)
       # Both read the one cache; the records were skipped once.
       rest = dataset.map(_without_skips).shuffle(
           buffer, seed=None if seed is None else seed + 1).repeat()
-      dataset = _labelled(
-          dataset.shuffle(buffer, seed=seed).concatenate(rest), source)
+      augment = _augmenter(config.augment, size, crop=True)
+      dataset = dataset.shuffle(buffer, seed=seed).concatenate(rest).map(
+          lambda image, label, skipped: (augment(image), label, skipped),
+          num_parallel_calls=AUTOTUNE)
     else:
       if cache == 'encoded':
         records = _cache(records, config, 'train', input_context)
       records = records.shuffle(buffer, seed=seed).repeat()
       window = _random_window if inception else _square_window
-      dataset = _labelled(_decoded(
+      augment = _augmenter(config.augment, size, crop=False)
+      # Augmented as decoded: one parallel stage.
+      dataset = _decoded(
           records, source.parse,
-          lambda encoded: _decode_window(encoded, window, _square(size)),
-          (size, size, 3)), source)
-    dataset = dataset.map(
-        _augmenter(config.augment, size, crop=cache == 'decoded'),
-        num_parallel_calls=AUTOTUNE)
+          lambda encoded: augment(
+              _decode_window(encoded, window, _square(size))),
+          (size, size, 3), source.num_classes)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     options = tf.data.Options()
     options.deterministic = config.deterministic_input
@@ -435,10 +435,10 @@ def eval_input_fn(config, source, global_batch_size, cache=None):
     records = source.read('eval', input_context, False, None)
     if cache == 'encoded':
       records = _cache(records, config, 'eval', input_context)
-    dataset = _labelled(_decoded(
+    dataset = _decoded(
         records, source.parse,
         lambda encoded: eval_image(encoded, size, fraction),
-        (size, size, 3)), source)
+        (size, size, 3), source.num_classes)
     dataset = dataset.map(lambda image, label, skipped: (image, label, 1.0))
     padding = tf.data.Dataset.from_tensors(
         (tf.zeros((size, size, 3), tf.uint8), 0, 0.0)).repeat()

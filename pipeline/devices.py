@@ -10,10 +10,12 @@ img/s at 64 px, BUILD_NOTES.md), with the same code otherwise.
 """
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
 import socket
+import subprocess
 from typing import Optional
 
 import tensorflow as tf
@@ -57,6 +59,18 @@ class Hardware:
     return self.strategy.num_replicas_in_sync
 
 
+def software():
+  """The packages the run executes on, e.g. 'tensorflow-tpu 2.20.0, keras
+  3.15.1, libtpu 0.0.14': what a user checks first on new hardware."""
+  found = []
+  for name in ('tensorflow', 'tensorflow-tpu', 'keras', 'libtpu'):
+    try:
+      found.append(f'{name} {importlib.metadata.version(name)}')
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return ', '.join(found)
+
+
 def split_cpu(num_cpu_devices):
   """Splits the host CPU into logical devices; must run before TF starts."""
   if num_cpu_devices < 1:
@@ -80,8 +94,12 @@ COLLECTIVES = {
 
 def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
             collective='auto', collective_timeout_s=None, gpus='',
-            tpu_runtime_version=''):
-  """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU."""
+            tpu_runtime_version='', allow_cpu=False):
+  """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU.
+
+  Stops in one line where NVIDIA GPUs are present but TensorFlow sees none,
+  unless `allow_cpu`: training on the CPU there is never what was meant.
+  """
   if tpu:
     if gpus:
       raise UserError(f'--gpus={gpus} selects GPUs; it cannot be combined '
@@ -97,11 +115,43 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
   visible_gpus = tf.config.list_logical_devices('GPU')
   if visible_gpus:
     return _gpus(visible_gpus)
+  if not allow_cpu:
+    check_no_unusable_gpus()
   cpus = tf.config.list_logical_devices('CPU')
   if len(cpus) > 1:
     strategy = tf.distribute.MirroredStrategy([d.name for d in cpus])
     return Hardware(strategy, 'CPU', detail=f'{len(cpus)} logical CPU devices')
   return Hardware(tf.distribute.get_strategy(), 'CPU', detail='host CPU')
+
+
+def nvidia_gpus():
+  """How many GPUs the NVIDIA driver lists (`nvidia-smi -L`); 1 where only
+  /dev/nvidia0 shows one; 0 without either."""
+  try:
+    listing = subprocess.run(['nvidia-smi', '-L'], capture_output=True,
+                             text=True, timeout=30, check=False).stdout
+    count = sum(line.startswith('GPU ') for line in listing.splitlines())
+    if count:
+      return count
+  except (OSError, subprocess.SubprocessError):
+    pass
+  return int(os.path.exists('/dev/nvidia0'))
+
+
+def check_no_unusable_gpus():
+  """A UserError if the machine has NVIDIA GPUs that TensorFlow cannot see."""
+  count = nvidia_gpus()
+  if not count:
+    return
+  cause = ('this TensorFlow build has no CUDA support'
+           if not tf.test.is_built_with_cuda() else
+           'its CUDA libraries are missing or do not match the driver (plain '
+           '`pip install tensorflow` brings none)')
+  raise UserError(
+      f'this machine has {count} NVIDIA GPU(s) (nvidia-smi -L) but '
+      f'TensorFlow {tf.__version__} sees none: {cause}; install '
+      'requirements-gpu.txt (tensorflow[and-cuda]), or pass --allow_cpu to '
+      'train on the CPU')
 
 
 def select_gpus(spec, visible):

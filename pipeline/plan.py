@@ -40,12 +40,13 @@ class Request:
   num_cpu_devices: int = 1
   collective: str = 'auto'
   collective_timeout_s: Optional[float] = None
+  allow_cpu: bool = False  # Train on the CPU beside unusable NVIDIA GPUs.
 
   def find_hardware(self):
     return devices.resolve(self.tpu, self.tpu_zone, self.gcp_project,
                            self.num_cpu_devices, self.collective,
                            self.collective_timeout_s, self.gpus,
-                           self.tpu_runtime_version)
+                           self.tpu_runtime_version, self.allow_cpu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,7 @@ class Plan:
         'cache': self.cache,
         'cache_reason': self.cache_reason,
         'workdir': self.workdir.url if self.workdir else None,
+        'software': devices.software(),
     }
 
   def describe(self, config):
@@ -122,6 +124,7 @@ class Plan:
     return [
         f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
         f'{hw.num_replicas} replica(s) over {hw.num_workers} worker(s)',
+        f'Software: {devices.software()}',
         f'Precision: {p.policy} ({p.reason}'
         f'{"; " + p.graph_rewrite if p.graph_rewrite else ""}); loss scaling '
         f'{"on" if p.loss_scaling else "off"}',

@@ -53,8 +53,11 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
   if device_kind == 'GPU':
     if gpu_compute_capability and tuple(gpu_compute_capability) >= (7, 0):
       major, minor = gpu_compute_capability
-      return 'mixed_float16', (f'GPU compute capability {major}.{minor} has '
-                               'float16 tensor cores')
+      return 'mixed_float16', (
+          f'GPU compute capability {major}.{minor} has float16 tensor cores; '
+          'float16 depthwise convolutions have been slower than float32 '
+          '(tensorflow#41715): measure once with python -m launch.benchmark '
+          '--policies=float32,mixed_float16,mixed_bfloat16')
     return 'float32', 'GPU older than compute capability 7.0 gains nothing '\
         'from float16'
   if has_amx:

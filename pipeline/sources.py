@@ -158,9 +158,9 @@ def _tfrecord_source(config):
       # A record with corrupt framing ends its file: TF's reader cannot
       # resynchronise after it. Skip the rest rather than crash the run.
       # 8 MiB read buffers, as tensorflow/tpu reads ImageNet from GCS.
-      return tf.data.TFRecordDataset(
-          filename, buffer_size=8 * 2**20).ignore_errors().map(
-              lambda r: (r, filename))
+      return tf.data.Dataset.zip(
+          tf.data.TFRecordDataset(filename, buffer_size=8 * 2**20)
+          .ignore_errors(), tf.data.Dataset.from_tensors(filename).repeat())
 
     dataset = dataset.interleave(records_of, cycle_length=min(len(names), 16),
                                  num_parallel_calls=AUTOTUNE,

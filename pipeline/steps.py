@@ -40,17 +40,10 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
   return optimizer
 
 
-def make_train_function(model, optimizer, strategy, global_batch_size,
-                        num_classes, label_smoothing, step, jit_compile):
-  """Returns train(iterator, num_steps) -> dict of scalars.
-
-  Batches are (images, labels) or data.py's (images, labels, skipped): then
-  `skipped_records` sums the records the input skipped.
-
-  `step` counts every step taken, including those LossScaleOptimizer skips
-  for non-finite gradients; `optimizer.iterations` counts applied updates,
-  so their difference is the number of skipped steps.
-  """
+def replica_train_step(model, optimizer, global_batch_size, num_classes,
+                       label_smoothing, jit_compile=False):
+  """One replica's step on its batch: forward, backward, summed gradients,
+  update. Returns (loss, correct predictions)."""
   loss_fn = keras.losses.CategoricalCrossentropy(
       from_logits=True, label_smoothing=label_smoothing, reduction=None)
   _apply_without_all_reduce(optimizer)
@@ -77,17 +70,45 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
         tf.float32))
     return loss, correct
 
-  batch_norm_statistics = _batch_norm_statistics(model)
+  return replica_step
 
-  def average_batch_norm_statistics():
-    # Keras 3 creates moving statistics with aggregation NONE and updates them
-    # from each replica's own batch: without this, replicas and workers drift
-    # apart and a checkpoint holds only the first replica's.
+
+def batch_norm_averager(model):
+  """A replica function that averages every batch norm's moving statistics
+  across replicas, or None for a model without batch norm.
+
+  Keras 3 creates moving statistics with aggregation NONE and updates them
+  from each replica's own batch: without this, replicas and workers drift
+  apart and a checkpoint holds only the first replica's.
+  """
+  statistics = _batch_norm_statistics(model)
+  if not statistics:
+    return None
+
+  def average():
     context = tf.distribute.get_replica_context()
-    local = [tf.identity(v.value) for v in batch_norm_statistics]
+    local = [tf.identity(v.value) for v in statistics]
     averaged = context.all_reduce(tf.distribute.ReduceOp.MEAN, local)
-    for variable, value in zip(batch_norm_statistics, averaged):
+    for variable, value in zip(statistics, averaged):
       variable.assign(value)
+
+  return average
+
+
+def make_train_function(model, optimizer, strategy, global_batch_size,
+                        num_classes, label_smoothing, step, jit_compile):
+  """Returns train(iterator, num_steps) -> dict of scalars.
+
+  Batches are (images, labels) or data.py's (images, labels, skipped): then
+  `skipped_records` sums the records the input skipped.
+
+  `step` counts every step taken, including those LossScaleOptimizer skips
+  for non-finite gradients; `optimizer.iterations` counts applied updates,
+  so their difference is the number of skipped steps.
+  """
+  replica_step = replica_train_step(model, optimizer, global_batch_size,
+                                    num_classes, label_smoothing, jit_compile)
+  average_batch_norm_statistics = batch_norm_averager(model)
 
   @tf.function
   def train(iterator, num_steps):
@@ -109,7 +130,7 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
         skipped_sum += strategy.reduce(
             SUM, strategy.run(tf.reduce_sum, args=batch[2:]), axis=None)
       step.assign_add(1)
-    if strategy.num_replicas_in_sync > 1 and batch_norm_statistics:
+    if strategy.num_replicas_in_sync > 1 and average_batch_norm_statistics:
       strategy.run(average_batch_norm_statistics)
     steps = tf.cast(num_steps, tf.float32)
     return {'loss': loss_sum / steps,
@@ -147,12 +168,9 @@ def _batch_norm_statistics(model):
   return found
 
 
-def make_eval_function(model, strategy, num_classes):
-  """Returns evaluate(iterator, num_steps) -> loss, accuracy, top-5 accuracy,
-  examples and the confusion matrix (rows: true class, columns: predicted).
-
-  Padding examples carry weight 0 and count nowhere.
-  """
+def replica_eval_step(model, num_classes):
+  """One replica's eval batch: sums of loss, hits, top-5 hits and weights,
+  and its confusion matrix. Padding examples carry weight 0."""
   loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True,
                                                  reduction=None)
   top_k = min(5, num_classes)
@@ -169,6 +187,15 @@ def make_eval_function(model, strategy, num_classes):
     sums = tf.stack([loss, tf.reduce_sum(hits * weights),
                      tf.reduce_sum(in_top_k * weights), tf.reduce_sum(weights)])
     return sums, confusion
+
+  return replica_step
+
+
+def make_eval_function(model, strategy, num_classes):
+  """Returns evaluate(iterator, num_steps) -> loss, accuracy, top-5 accuracy,
+  examples and the confusion matrix (rows: true class, columns: predicted).
+  """
+  replica_step = replica_eval_step(model, num_classes)
 
   @tf.function
   def evaluate(iterator, num_steps):

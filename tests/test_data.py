@@ -84,17 +84,17 @@ def _tfrecord_config(root, **overrides):
 
 
 def _decode_all(records, source, size=32):
-  """(image, label, origin, skipped) of every record, decoded as for eval."""
-  return [element[:4] for element in data._decoded(  # pylint: disable=protected-access
+  """(image, label, skipped) of every record, decoded as for eval."""
+  return list(data._decoded(  # pylint: disable=protected-access
       records, source.parse, lambda encoded: data.eval_image(encoded, size, 1.0),
-      (size, size, 3))]
+      (size, size, 3), source.num_classes))
 
 
 def _all_train_examples(config, source, pipelines=1, index=0):
   records = source.read('train', _context(pipelines, index), False, None)
   decoded = _decode_all(records, source, config.image_size)
-  return ([(x.numpy(), int(y)) for x, y, _, _ in decoded],
-          sum(int(s) for _, _, _, s in decoded))
+  return ([(x.numpy(), int(y)) for x, y, _ in decoded],
+          sum(int(s) for _, _, s in decoded))
 
 
 # --- tensorflow-datasets ------------------------------------------------------
@@ -198,7 +198,7 @@ def test_grayscale_rgba_and_cmyk_become_rgb(tfrecord_dir):
   records = source.read('eval', _context(), False, None)
   decoded = _decode_all(records, source)
   assert len(decoded) == 11  # The CMYK JPEG decodes too.
-  for image, _, _, _ in decoded:
+  for image, _, _ in decoded:
     assert image.shape == (32, 32, 3)
 
 
@@ -220,7 +220,7 @@ def test_more_workers_than_files_shard_by_example(tfrecord_dir):
   seen = []
   for index in range(3):  # 3 workers, 1 eval file.
     records = source.read('eval', _context(3, index), False, None)
-    seen.append([int(y) for _, y, _, _ in _decode_all(records, source)])
+    seen.append([int(y) for _, y, _ in _decode_all(records, source)])
   assert sorted(sum(seen, [])) == sorted(list(range(10)) + [3])
   assert all(seen)
 

@@ -116,6 +116,35 @@ def test_dry_run_names_the_visible_gpus_for_a_bad_gpus_flag(tmp_path):
 _GPUS = [f'/physical_device:GPU:{i}' for i in range(4)]
 
 
+def _stand_in_nvidia_smi(folder, listing):
+  """An `nvidia-smi` that lists GPUs as the real one does (`-L`): this
+  machine has no NVIDIA driver, and the check must not need one."""
+  folder.mkdir()
+  script = folder / 'nvidia-smi'
+  script.write_text(f'#!/bin/sh\nprintf "{listing}"\n')
+  script.chmod(0o755)
+  return f'{folder}{os.pathsep}{os.environ["PATH"]}'
+
+
+def test_gpus_that_tensorflow_cannot_see_stop_the_run(tmp_path, monkeypatch):
+  monkeypatch.setenv('PATH', _stand_in_nvidia_smi(
+      tmp_path / 'bin', 'GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\\n'
+      'GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2)\\n'))
+  assert devices.nvidia_gpus() == 2
+  with pytest.raises(UserError, match=r'this machine has 2 NVIDIA GPU\(s\) '
+                     r'\(nvidia-smi -L\) but TensorFlow .* sees none: .*install '
+                     r'requirements-gpu.txt .*or pass --allow_cpu'):
+    devices.resolve()
+  assert devices.resolve(allow_cpu=True).device_kind == 'CPU'
+
+
+def test_no_nvidia_gpus_no_check(tmp_path, monkeypatch):
+  monkeypatch.setenv('PATH', _stand_in_nvidia_smi(tmp_path / 'bin', ''))
+  if not os.path.exists('/dev/nvidia0'):
+    assert devices.nvidia_gpus() == 0
+    assert devices.resolve().device_kind == 'CPU'
+
+
 @pytest.mark.parametrize('spec, visible, chosen', [
     ('', _GPUS, [0, 1, 2, 3]), ('', [], []), ('0,2', _GPUS, [0, 2]),
     (' 3 , GPU:1', _GPUS, [3, 1]), ('/device:gpu:2', _GPUS, [2])])

@@ -8,6 +8,7 @@ are checked to be untouched afterwards.
 """
 
 import concurrent.futures
+import os
 
 from conftest import run_train
 from conftest import tree_digest
@@ -50,15 +51,30 @@ def _cases(root, tfds_dir):
       ('recovery trials', [work, data, '--dry_run',
                            '--config.recovery_max_trials=-1'],
        'recovery_max_trials=-1 must be 0 or more', None),
+      ('GPUs TensorFlow cannot see', [work, data, '--dry_run'],
+       'NVIDIA GPU(s) (nvidia-smi -L) but TensorFlow', None),
   ]
+
+
+def _env(name, root):
+  """A stand-in nvidia-smi on PATH for the GPU case (no driver here)."""
+  if name != 'GPUs TensorFlow cannot see':
+    return None
+  folder = root / 'bin'
+  folder.mkdir()
+  (folder / 'nvidia-smi').write_text(
+      '#!/bin/sh\necho "GPU 0: NVIDIA L4 (UUID: GPU-0)"\n')
+  (folder / 'nvidia-smi').chmod(0o755)
+  return {'PATH': f'{folder}{os.pathsep}{os.environ["PATH"]}'}
 
 
 def test_bad_input_table(tmp_path, tfds_dir):
   cases = _cases(tmp_path, tfds_dir)
   kept = {name: tree_digest(folder) for name, _, _, folder in cases if folder}
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    results = list(pool.map(lambda case: run_train(*case[1], timeout=300),
-                            cases))
+    results = list(pool.map(
+        lambda case: run_train(*case[1], env=_env(case[0], tmp_path),
+                               timeout=300), cases))
   failures = []
   for (name, _, text, folder), result in zip(cases, results):
     errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]

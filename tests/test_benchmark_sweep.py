@@ -1,0 +1,50 @@
+"""launch.benchmark --policies: the first-run sweep over policies and XLA."""
+
+import json
+
+import pytest
+
+from conftest import run_module
+
+_TINY = ('--num_executions=1', '--config.image_size=32',
+         '--config.global_batch_size=16', '--config.steps_per_execution=2',
+         "--config.train_split=train[:64]")
+
+
+@pytest.mark.slow
+def test_sweep_prints_the_table_and_the_fastest(tmp_path, tfds_dir):
+  """Two replicas: XLA 'on' is skipped with its reason, both policies
+  train on a synthetic batch, the fastest is named."""
+  output = tmp_path / 'sweep.json'
+  result = run_module('launch.benchmark', '--policies=float32,mixed_bfloat16',
+                      '--num_cpu_devices=2', f'--config.data_dir={tfds_dir}',
+                      *_TINY, f'--output={output}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  figures = json.loads(output.read_text())
+  rows = {(r['policy'], r['xla']): r for r in figures['rows']}
+  assert sorted(rows) == [('float32', 'off'), ('float32', 'on'),
+                          ('mixed_bfloat16', 'off'), ('mixed_bfloat16', 'on')]
+  for policy in ('float32', 'mixed_bfloat16'):
+    assert rows[(policy, 'off')]['images_per_sec'] > 0
+    assert rows[(policy, 'off')]['compile_s'] > 0
+    assert 'XLA fails under Mirrored' in rows[(policy, 'on')]['skipped']
+  fastest = max((r for r in figures['rows'] if 'images_per_sec' in r),
+                key=lambda r: r['images_per_sec'])
+  assert figures['fastest'] == fastest
+  assert figures['speedup_over_float32'] == pytest.approx(
+      fastest['images_per_sec'] / rows[('float32', 'off')]['images_per_sec'])
+  assert (f'fastest: --policy={fastest["policy"]} --xla=off' in result.stdout)
+  assert 'mixed_bfloat16   on   skipped: XLA fails' in result.stdout
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--policies=float32,fp8', "unknown policy 'fp8' in --policies"),
+    ('--xla_settings=sometimes', "unknown XLA setting 'sometimes'"),
+])
+def test_sweep_bad_input_is_one_line(flag, message, tfds_dir):
+  extra = ['--policies=float32'] if 'xla' in flag else []
+  result = run_module('launch.benchmark', flag, *extra,
+                      f'--config.data_dir={tfds_dir}', *_TINY)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
