@@ -18,6 +18,7 @@ import threading
 import tensorflow as tf
 from absl import logging
 
+from pipeline import trainer as trainer_lib
 from pipeline.errors import Preempted
 from pipeline.errors import UserError
 
@@ -233,15 +234,23 @@ class SaveOnPreemption:
   """Turns SIGTERM (what cloud preemption sends) into a save and a stop.
 
   The signal only sets a flag; at the next execution boundary the action
-  saves, waits for the checkpoint's commit and raises Preempted. A second
-  SIGTERM gets the previous handler. close() puts that handler back.
+  saves, waits for the checkpoint's commit and raises Preempted. With
+  several workers (`strategy` given), the flag is all-reduced (summed) at every
+  boundary, so a SIGTERM to any one worker stops all of them at the same
+  step, each taking part in the one save (tf.distribute needs every worker
+  in it; only the chief's is kept). A second SIGTERM gets the previous
+  handler. close() puts that handler back.
+
+  Not tf.distribute.experimental.PreemptionCheckpointHandler: it raises
+  NotImplementedError on GCP CPU and TPU VMs (failure_handling.py).
   """
 
-  def __init__(self, checkpointer, workdir):
+  def __init__(self, checkpointer, workdir, strategy=None):
     self.checkpointer = checkpointer
     self.workdir = workdir
     self.raised = False
     self._previous = None
+    self._any_worker = _any_worker(strategy) if strategy else None
     if threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._handle)
 
@@ -252,7 +261,14 @@ class SaveOnPreemption:
     signal.signal(signum, self._previous or signal.SIG_DFL)
 
   def __call__(self, execution):
-    if not self.raised:
+    stop = self.raised
+    if self._any_worker:
+      with trainer_lib.peers_lost_in_one_line():
+        stop = bool(self._any_worker(tf.constant(float(stop))))
+      if stop and not self.raised:
+        logging.warning('Another worker got SIGTERM: saving at step %d',
+                        execution.step)
+    if not stop:
       return
     self.checkpointer.save(execution.step)
     self.checkpointer.wait()
@@ -264,6 +280,16 @@ class SaveOnPreemption:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
+
+
+def _any_worker(strategy):
+  """flag -> whether any replica of any worker passed a non-zero flag."""
+  @tf.function
+  def any_worker(flag):
+    flags = strategy.run(lambda: tf.identity(flag))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None) > 0
+
+  return any_worker
 
 
 class SaveCheckpoints:

@@ -62,7 +62,9 @@ def train_and_evaluate(config, plan, extra_actions=()):
       trainer, eval_data, data.eval_steps(plan.source, batch),
       plan.steps_per_epoch * config.eval_every_epochs, eval_writer,
       listeners=[keep_best] if keep_best else [])
-  preemption = actions.SaveOnPreemption(checkpointer, workdir)
+  preemption = actions.SaveOnPreemption(
+      checkpointer, workdir,
+      strategy=strategy if hardware.num_workers > 1 else None)
   try:
     run_loop(trainer, iter(train_data), plan, initial_step, [
         *extra_actions,

@@ -5,6 +5,7 @@ everything in the strategy scope and compiles the multi-step functions;
 `Trainer.run` calls one and turns the errors a user can act on into one line.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -68,16 +69,10 @@ class Trainer:
 
   def _run(self, function, iterator, num_steps):
     try:
-      outputs = function(iterator, tf.constant(num_steps))
+      with peers_lost_in_one_line():
+        outputs = function(iterator, tf.constant(num_steps))
       return {key: float(value) if value.shape.rank == 0 else value.numpy()
               for key, value in outputs.items()}
-    except _PEER_LOST as e:
-      if 'TF_CONFIG' not in os.environ:
-        raise
-      raise UserError(
-          f'another worker stopped or never answered ({type(e).__name__}: '
-          f'{first_line(e)}); restart all workers with the same command '
-          'to resume from the last checkpoint') from None
     except tf.errors.ResourceExhaustedError:
       raise UserError(self.out_of_memory) from None
     except tf.errors.InvalidArgumentError as e:
@@ -85,6 +80,21 @@ class Trainer:
       if message:
         raise UserError(message) from None
       raise
+
+
+@contextlib.contextmanager
+def peers_lost_in_one_line():
+  """Turns what a collective raises when another worker died or never
+  answered into one UserError line (multi-worker runs only)."""
+  try:
+    yield
+  except _PEER_LOST as e:
+    if 'TF_CONFIG' not in os.environ:
+      raise
+    raise UserError(
+        f'another worker stopped or never answered ({type(e).__name__}: '
+        f'{first_line(e)}); restart all workers with the same command '
+        'to resume from the last checkpoint') from None
 
 
 def out_of_memory_message(config, plan):

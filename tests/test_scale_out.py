@@ -8,6 +8,7 @@ together under MultiWorkerMirroredStrategy.
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -262,3 +263,48 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
   assert chief.returncode == 0 and other.returncode == 0, outputs[0][-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['initial_step'] >= 8 and metrics['num_replicas'] == 2
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path, tfds_dir):
+  """Preemption of the non-chief: the stop flag is all-reduced at every
+  execution boundary, so both save at one step and exit resumably; a
+  restart of both resumes from the chief's checkpoint."""
+  ports = [_free_port(), _free_port()]
+  workdir = tmp_path / 'run'
+
+  def start(epochs):
+    return [subprocess.Popen(
+        [sys.executable, '-m', 'launch.train',
+         *tiny_args(str(workdir), tfds_dir, f'--config.epochs={epochs}',
+                    '--config.checkpoint_every_steps=1000')],
+        cwd=REPO, env=dict(os.environ, TF_CONFIG=_tf_config(ports, i)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+  processes = start(epochs=40)
+  lines = []
+  while not any('First execution' in line for line in lines):
+    line = processes[1].stderr.readline()
+    assert line or processes[1].poll() is None, ''.join(lines)[-3000:]
+    lines.append(line)
+  processes[1].send_signal(signal.SIGTERM)
+  outputs = [p.communicate(timeout=300)[1] for p in processes]
+  outputs[1] = ''.join(lines) + outputs[1]
+  steps = []
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 143, output[-3000:]
+    found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)', output)
+    assert found, output[-3000:]
+    steps.append(int(found.group(1)))
+  assert steps[0] == steps[1] and 4 <= steps[0] < 24
+  assert 'Another worker got SIGTERM' in outputs[0]
+  assert os.path.exists(workdir / 'checkpoints' / f'ckpt-{steps[0]}.index')
+
+  processes = start(epochs=3)  # 24 steps: the rest of a shorter run.
+  outputs = [p.communicate(timeout=600)[1] for p in processes]
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 0, output[-3000:]
+    assert f'Resuming at step {steps[0]} of 24' in output
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['train_steps'] == 24 - steps[0]
