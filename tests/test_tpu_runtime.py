@@ -11,6 +11,7 @@ TPU would next be reached (its gRPC worker on port 8470).
 """
 
 import http.server
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -91,7 +92,9 @@ def switcher(worker_ip):
 
 @needs_client
 def test_client_installs_beside_tensorflow_and_storage():
-  """requirements-tpu-client.txt (--no-deps) left TF 2.21 and GCS 3.x working."""
+  """requirements-tpu-client.txt (--no-deps) left TensorFlow (the pinned
+  version: 2.21, or 2.20 in the TPU build's environment) and GCS 3.x
+  working."""
   code = ('import tensorflow as tf, google.cloud.storage as gcs, '
           'cloud_tpu_client, googleapiclient.discovery, google.protobuf as pb; '
           'print(tf.__version__, gcs.__version__, pb.__version__)')
@@ -99,7 +102,8 @@ def test_client_installs_beside_tensorflow_and_storage():
                           text=True, timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   tf_version, storage_version, _ = result.stdout.split()
-  assert tf_version.startswith('2.21') and storage_version.startswith('3.')
+  pinned = '2.20.0' if _installed('tensorflow-tpu') else '2.21.0'
+  assert tf_version == pinned and storage_version.startswith('3.')
   # pip check: only cloud-tpu-client's own stale pins, which --no-deps skips.
   check = subprocess.run([sys.executable, '-m', 'pip', 'check'],
                          capture_output=True, text=True, timeout=120,
@@ -107,6 +111,14 @@ def test_client_installs_beside_tensorflow_and_storage():
   problems = [l for l in check.stdout.splitlines() if l.strip()]
   assert problems and all(l.startswith('cloud-tpu-client ') for l in problems), (
       check.stdout)
+
+
+def _installed(distribution):
+  try:
+    importlib.metadata.version(distribution)
+    return True
+  except importlib.metadata.PackageNotFoundError:
+    return False
 
 
 def test_runtime_version_choices():
