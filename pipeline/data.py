@@ -1,11 +1,13 @@
 """tf.data input built per worker from a source's records (sources.py).
 
-One pipeline serves every source: decode and resize once, cache, then
-shuffle, random augmentation, batch and prefetch (augmenting before the
-cache would freeze it: every epoch would see the first epoch's crops).
-Images stay uint8 until they reach the device, where the model casts them.
-Every input function takes a tf.distribute.InputContext, and batches are
-per replica.
+One pipeline serves every source. Each record is decoded to just the window
+the model sees (a JPEG's crop window alone), skipped and counted if it
+cannot be. What is cached (choose_cache): decoded images, augmented after
+the cache every epoch (augmenting before it would freeze the first epoch's
+crops); or the encoded records, decoded and cropped every epoch; or nothing.
+Then batch and prefetch. Images stay uint8 until they reach the device,
+where the model casts them. Every input function takes a
+tf.distribute.InputContext, and batches are per replica.
 """
 
 import os
