@@ -35,6 +35,9 @@ def _tf_config(ports, index):
                      'task': {'type': 'worker', 'index': index}})
 
 
+# 75 s: the slow tier, beside the two-worker SIGTERM test; the fast suite
+# keeps its 15 minutes.
+@pytest.mark.slow
 def test_two_workers_train_together(tmp_path, tfds_dir):
   ports = [_free_port(), _free_port()]
   workdir = tmp_path / 'run'
