@@ -37,14 +37,22 @@ def get_config():
   # tensorflow/tpu's ImageNet input, + flip; eval takes the central 87.5%),
   # inception_randaugment. Not a flip here: a mirrored 2 is no 2.
   config.augment = 'translate'
+  # Batch-level mixup and CutMix: Beta(alpha, alpha) blends; 0 is off, both
+  # on alternate at random. Labels become soft; training accuracy then
+  # counts the dominant label.
+  config.mixup_alpha = 0.0
+  config.cutmix_alpha = 0.0
   config.deterministic_input = False  # True trades speed for repeatable order.
   # grpc://HOST:PORT of a tf.data service dispatcher (launch.data_service):
   # its workers run the training input. '' runs it here.
   config.data_service = ''
 
-  # Model.
+  # Model: efficientnet_b0 ... _b7, efficientnetv2_b0 ... _b3, _s, _m, _l.
   config.model = 'efficientnet_b0'
   config.dropout_rate = 0.2
+  # Stochastic depth: keras.applications' drop_connect_rate (block i of n
+  # drops its residual branch with probability about rate * i / n).
+  config.drop_connect_rate = 0.2
   # 0.99 (keras.applications') lags too far behind in a run of minutes.
   config.batch_norm_momentum = 0.9
 
@@ -55,12 +63,31 @@ def get_config():
   # rounded down to whole batches. launch.compare sets it so runs with
   # different batches see the same examples.
   config.examples_per_epoch = 0
-  config.optimizer = 'adamw'
+  config.optimizer = 'adamw'  # adamw, sgd (Nesterov), rmsprop.
   config.base_learning_rate = 1e-2
   config.warmup_epochs = 2.0
-  config.weight_decay = 0.05
+  # 'cosine' to 0 at the end, or 'exponential': x lr_decay_rate every
+  # lr_decay_epochs (a staircase), as tensorflow/tpu's EfficientNet.
+  config.lr_schedule = 'cosine'
+  config.lr_decay_rate = 0.97
+  config.lr_decay_epochs = 2.4
+  config.weight_decay = 0.05  # Decoupled (the optimizer's), not in the loss.
+  config.l2_weight_decay = 0.0  # l2 * sum(w^2) / 2 in the loss instead.
   config.label_smoothing = 0.1
+  # Moving average of the weights, evaluated and exported; 0 is off.
+  # Its decay warms up as min(ema_decay, (1 + n) / (10 + n)) over updates.
+  config.ema_decay = 0.0
+  # Updates of global_batch_size made of this many micro-batches (for a
+  # batch that does not fit at once); steps count updates.
+  config.gradient_accumulation_steps = 1
   config.seed = 0
+
+  # Fine-tuning: '' (random start), 'imagenet' (keras.applications'
+  # weights, downloaded once), a .h5 weights file of the headless network
+  # (local or gs://), or another run's workdir (its newest checkpoint).
+  config.init_from = ''
+  # Train the new head alone (backbone frozen) for this many epochs first.
+  config.freeze_backbone_epochs = 0.0
 
   # Execution. Steps per compiled call: fewer host round trips. 0 picks one
   # for the device: 100 on TPU, 8 on CPU and GPU (pipeline/train.py).

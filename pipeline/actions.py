@@ -103,8 +103,11 @@ class ReportProgress:
   input more than INPUT_BOUND_FRACTION of the time.
   """
 
-  def __init__(self, trainer, plan, every_steps, writer):
+  def __init__(self, trainer, plan, every_steps, writer, mixed_labels=False):
     self.trainer = trainer
+    # Mixup and CutMix blend two labels: a hit is the dominant one.
+    self.accuracy_name = ('accuracy (dominant label)' if mixed_labels else
+                          'accuracy')
     self.steps_per_epoch = plan.steps_per_epoch
     self.every_steps = every_steps
     self.writer = writer
@@ -129,9 +132,10 @@ class ReportProgress:
     lr = trainer.learning_rate()
     loss_scale = trainer.loss_scale
     logging.info(
-        'step %d/%d (epoch %.1f): loss %.4f, accuracy %.3f, lr %.2e, '
+        'step %d/%d (epoch %.1f): loss %.4f, %s %.3f, lr %.2e, '
         '%s img/s, input wait %s%s%s', execution.step, execution.total_steps,
-        execution.step / self.steps_per_epoch, out['loss'], out['accuracy'],
+        execution.step / self.steps_per_epoch, out['loss'],
+        self.accuracy_name, out['accuracy'],
         lr, f'{rate:.0f}' if rate else '-',
         f'{wait:.0%}' if wait is not None else '-',
         f', loss scale {loss_scale:g}, skipped steps '
@@ -331,18 +335,20 @@ class Evaluate:
       self.run(execution.step)
 
   def run(self, step):
-    """Evaluates the current weights; returns loss, accuracy and examples."""
-    result = self.trainer.evaluate(iter(self.dataset), self.num_steps)
+    """Evaluates the current weights (and their moving average, if kept);
+    returns Trainer.evaluate's result."""
+    result = self.trainer.evaluate(self.dataset, self.num_steps)
     top5 = self.trainer.num_classes > 5  # Else top-5 accuracy is always 1.
-    logging.info('Eval at step %d: accuracy %.4f%s, loss %.4f over %d '
+    averaged = 'accuracy_raw' in result
+    logging.info('Eval at step %d: accuracy %.4f%s%s, loss %.4f over %d '
                  'examples', step, result['accuracy'],
                  f', top-5 {result["top5_accuracy"]:.4f}' if top5 else '',
-                 result['loss'], result['examples'])
+                 f' (moving average; raw weights {result["accuracy_raw"]:.4f})'
+                 if averaged else '', result['loss'], result['examples'])
     with self.writer.as_default(step=step):
-      tf.summary.scalar('accuracy', result['accuracy'])
-      tf.summary.scalar('loss', result['loss'])
-      if top5:
-        tf.summary.scalar('top5_accuracy', result['top5_accuracy'])
+      keys = ['accuracy', 'loss'] + (['top5_accuracy'] if top5 else [])
+      for key in keys + [f'{key}_raw' for key in keys if averaged]:
+        tf.summary.scalar(key, result[key])
     for listener in self.listeners:
       listener(step, result)
     return result

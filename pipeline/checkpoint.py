@@ -34,8 +34,12 @@ class Checkpointer:
   """
 
   def __init__(self, workdir, max_to_keep, is_chief, io_device=None,
-               series='checkpoints', **trackables):
+               series='checkpoints', if_missing=None, **trackables):
+    self.trackables = trackables
     self.checkpoint = tf.train.Checkpoint(**trackables)
+    # Trackables a checkpoint may lack (one saved before they existed: a
+    # moving average turned on at a resume), and what to do then.
+    self.if_missing = if_missing or {}
     # A TPU Node's variables live on remote hosts, which would otherwise
     # read and write the files there; '/job:localhost' keeps them here.
     self.options = tf.train.CheckpointOptions(experimental_io_device=io_device)
@@ -158,9 +162,16 @@ class Checkpointer:
 
   def _restore(self, path):
     """Restores every object from `path`; raises one of _DAMAGED if not."""
-    self.checkpoint.restore(path, options=self.options
-                            ).assert_existing_objects_matched()
+    saved = {name.split('/', 1)[0] for name, _ in tf.train.list_variables(path)}
+    missing = [name for name in self.if_missing if name not in saved]
+    checkpoint = (tf.train.Checkpoint(**{
+        name: trackable for name, trackable in self.trackables.items()
+        if name not in missing}) if missing else self.checkpoint)
+    checkpoint.restore(path, options=self.options
+                       ).assert_existing_objects_matched()
     logging.info('Restored %s', path)
+    for name in missing:
+      self.if_missing[name](path)
 
   def save(self, step):
     """Saves locally, then (gs://) queues the commit. Returns blocked seconds."""

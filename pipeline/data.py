@@ -257,6 +257,62 @@ def _augmenter(kind, size, crop):
   return augment
 
 
+def _mixer(mixup_alpha, cutmix_alpha, num_classes, size):
+  """Batch-level mixup and CutMix, as timm's Mixup in batch mode: each batch
+  is blended with itself reversed, with one lambda ~ Beta(alpha, alpha)
+  (both on: either, with even odds). Returns mix(batch, seed) ->
+  (images, soft labels [batch, classes], skipped); `seed` makes the draw
+  stateless, so a seeded run mixes alike however the map is scheduled.
+
+  Images stay uint8 (the blend rounds to the nearest level, at most 1/510
+  off). CutMix pastes a box of the partner's pixels and weighs the labels by
+  the box's area after clipping to the image.
+  """
+  rows = tf.range(size)[:, None]
+  columns = tf.range(size)[None, :]
+
+  def beta(alpha, seeds):
+    a = tf.random.stateless_gamma([], seeds[0], alpha)
+    b = tf.random.stateless_gamma([], seeds[1], alpha)
+    return a / (a + b)
+
+  def mixup(images, partner, seeds):
+    lam = beta(mixup_alpha, seeds)
+    blend = (lam * tf.cast(images, tf.float32) +
+             (1 - lam) * tf.cast(partner, tf.float32))
+    return tf.cast(tf.round(blend), tf.uint8), lam
+
+  def cutmix(images, partner, seeds):
+    lam = beta(cutmix_alpha, seeds)
+    side = tf.cast(tf.sqrt(1.0 - lam) * size, tf.int32)
+    center = tf.random.stateless_uniform([2], seeds[2], 0, size, tf.int32)
+    low = tf.clip_by_value(center - side // 2, 0, size)
+    high = tf.clip_by_value(center + side // 2, 0, size)
+    inside = ((rows >= low[0]) & (rows < high[0]) &
+              (columns >= low[1]) & (columns < high[1]))
+    area = tf.reduce_sum(tf.cast(inside, tf.float32))
+    pasted = tf.where(inside[None, :, :, None], partner, images)
+    return pasted, 1.0 - area / (size * size)
+
+  def mix(batch, seed):
+    images, labels, skipped = batch
+    seeds = tf.random.experimental.stateless_split(seed, 4)
+    partner = tf.reverse(images, [0])
+    if mixup_alpha and cutmix_alpha:
+      images, lam = tf.cond(
+          tf.random.stateless_uniform([], seeds[3]) < 0.5,
+          lambda: cutmix(images, partner, seeds),
+          lambda: mixup(images, partner, seeds))
+    elif cutmix_alpha:
+      images, lam = cutmix(images, partner, seeds)
+    else:
+      images, lam = mixup(images, partner, seeds)
+    targets = tf.one_hot(labels, num_classes)
+    return images, lam * targets + (1 - lam) * tf.reverse(targets, [0]), skipped
+
+  return mix
+
+
 # --- caching -------------------------------------------------------------------
 
 
@@ -355,7 +411,8 @@ def _default_cache(config):
 def train_input_fn(config, source, global_batch_size, cache=None,
                    service_job='train'):
   """An input function for strategy.distribute_datasets_from_function:
-  batches of (uint8 images, int32 labels, int32 records skipped before each).
+  batches of (uint8 images, int32 labels, int32 records skipped before each);
+  with mixup or CutMix, float32 soft labels [batch, classes] instead.
 
   `cache`: choose_cache's kind (default: 'decoded' if config.cache). A
   decoded cache holds whole images and augments after it; otherwise the
@@ -367,6 +424,8 @@ def train_input_fn(config, source, global_batch_size, cache=None,
   seed = config.seed if config.deterministic_input else None
   size = config.image_size
   inception = config.augment.startswith('inception')
+  mixup_alpha = config.get('mixup_alpha', 0.0)
+  cutmix_alpha = config.get('cutmix_alpha', 0.0)
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
@@ -402,6 +461,14 @@ def train_input_fn(config, source, global_batch_size, cache=None,
               _decode_window(encoded, window, _square(size))),
           (size, size, 3), source.num_classes)
     dataset = dataset.batch(batch_size, drop_remainder=True)
+    if mixup_alpha or cutmix_alpha:
+      mix = _mixer(mixup_alpha, cutmix_alpha, source.num_classes, size)
+      # Seeded by the config's seed, the pipeline and the batch's index.
+      stream = config.seed * 1024 + input_context.input_pipeline_id
+      dataset = dataset.enumerate().map(
+          lambda index, batch: mix(batch, tf.stack(
+              [tf.constant(stream, tf.int64), index])),
+          num_parallel_calls=AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = config.deterministic_input
     dataset = dataset.with_options(options)

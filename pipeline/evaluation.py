@@ -59,10 +59,12 @@ class Evaluator:
     self.config, self.plan = config, plan
     self.trainer = trainer_lib.build(config, plan)
     hardware = plan.hardware
+    trainer = self.trainer
     self.checkpointer = Checkpointer(
         plan.workdir, config.keep_checkpoints, is_chief=False,
-        io_device=plan.io_device, model=self.trainer.model,
-        optimizer=self.trainer.optimizer, step=self.trainer.step)
+        io_device=plan.io_device,
+        if_missing={'ema': lambda path: trainer.ema.reset()},
+        **trainer.trackables())
     batch = plan.global_batch_size
     self.dataset = hardware.strategy.distribute_datasets_from_function(
         data.eval_input_fn(config, plan.source, batch, plan.cache))
@@ -75,7 +77,7 @@ class Evaluator:
     if step is None:
       raise UserError(f'{self.plan.workdir.url} has no committed checkpoint '
                       'yet')
-    result = self.trainer.evaluate(iter(self.dataset), self.num_steps)
+    result = self.trainer.evaluate(self.dataset, self.num_steps)
     report = make_report(result, step, self.plan.source,
                          split_name(self.config))
     if self.plan.hardware.is_chief:
@@ -155,6 +157,9 @@ def make_report(result, step, source, split):
       'accuracy': result['accuracy'],
       'top5_accuracy': (result['top5_accuracy'] if source.num_classes > 5
                         else None),
+      # With a moving average, the figures above are its weights' (what is
+      # exported); this is the model's own.
+      'accuracy_raw': result.get('accuracy_raw'),
       'per_class_accuracy': per_class,
       'most_confused': pairs,
       'class_names': [source.class_name(i) for i in range(source.num_classes)],
@@ -214,7 +219,9 @@ def summary_lines(report):
            f'{report["accuracy"]:.4f}'
            + (f', top-5 {report["top5_accuracy"]:.4f}'
               if report['top5_accuracy'] is not None else '')
-           + f', loss {report["loss"]:.4f}']
+           + f', loss {report["loss"]:.4f}'
+           + (f' (moving average; raw weights {report["accuracy_raw"]:.4f})'
+              if report.get('accuracy_raw') is not None else '')]
   names = report['class_names']
   if len(names) <= _MATRIX_CLASSES:
     width = max(len(n) for n in names) + 1

@@ -40,11 +40,17 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
       'skipped_steps': trainer.skipped_steps,
       'checkpoint_blocked_s': checkpoint_blocked_s,
       'final_loss_scale': trainer.loss_scale,
+      # With a moving average (ema_decay), eval_* are the averaged weights'
+      # (what is exported) and eval_*_raw the model's own; else *_raw None.
       'eval_accuracy': final_eval['accuracy'],
+      'eval_accuracy_raw': final_eval.get('accuracy_raw'),
       # Top-5 of 5 classes or fewer is always 1: reported from 6 classes.
       'eval_top5_accuracy': (final_eval['top5_accuracy']
                              if plan.source.num_classes > 5 else None),
+      'eval_top5_accuracy_raw': (final_eval.get('top5_accuracy_raw')
+                                 if plan.source.num_classes > 5 else None),
       'eval_loss': final_eval['loss'],
+      'eval_loss_raw': final_eval.get('loss_raw'),
       'eval_examples': int(final_eval['examples']),
       'eval_skipped_records': plan.source.num_eval_examples -
                               int(final_eval['examples']),
@@ -62,8 +68,12 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
 def log_done(result, workdir_url):
   """The run's last line."""
   rate, wait = result['train_images_per_sec'], result['input_wait_fraction']
-  logging.info('Done: eval_accuracy %.4f, %s img/s, input wait %s, weights '
-               'sha256 %s; metrics in %s', result['eval_accuracy'],
+  raw, top5 = result['eval_accuracy_raw'], result['eval_top5_accuracy']
+  logging.info('Done: eval_accuracy %.4f%s%s, %s img/s, input wait %s, '
+               'weights sha256 %s; metrics in %s', result['eval_accuracy'],
+               '' if top5 is None else f', top-5 {top5:.4f}',
+               '' if raw is None else
+               f' (moving average; raw weights {raw:.4f})',
                f'{rate:.0f}' if rate else '-',
                f'{wait:.0%}' if wait is not None else '-',
                result['weights_sha256'][:16], f'{workdir_url}/metrics.json')

@@ -1,10 +1,11 @@
-"""EfficientNet B0-B7 with a float32 head, taking uint8 images.
+"""EfficientNet B0-B7 and EfficientNetV2 with a float32 head, taking uint8.
 
-keras.applications' EfficientNet rescales and normalises inside the model, so
+keras.applications' EfficientNets rescale and normalise inside the model, so
 the input pipeline can ship uint8 pixels (a quarter of float32's bytes) and
-the cast happens on the device. Its own top would run softmax in the compute
-dtype, so we build it headless and add a float32 head: logits and loss stay
-float32 under every policy.
+the cast happens on the device. Their own top would run softmax in the
+compute dtype, so we build them headless and add a float32 head: logits and
+loss stay float32 under every policy. The headless network is one nested
+layer, `backbone(model)`: what fine-tuning loads and freezes.
 """
 
 import keras
@@ -12,18 +13,28 @@ import keras
 from pipeline.errors import UserError
 
 MODELS = {
-    f'efficientnet_b{i}': getattr(keras.applications, f'EfficientNetB{i}')
-    for i in range(8)
+    **{f'efficientnet_b{i}': getattr(keras.applications, f'EfficientNetB{i}')
+       for i in range(8)},
+    **{f'efficientnetv2_{size}': getattr(keras.applications,
+                                         f'EfficientNetV2{size.upper()}')
+       for size in ('b0', 'b1', 'b2', 'b3', 's', 'm', 'l')},
 }
+# The stochastic depth keras.applications builds every EfficientNet with:
+# block i of n drops its residual branch with probability 0.2 * i / n.
+BUILT_DROP_CONNECT_RATE = 0.2
 
 
 def build_model(name, num_classes, image_size, dropout_rate=0.2,
-                batch_norm_momentum=0.99):
+                batch_norm_momentum=0.99, drop_connect_rate=0.2,
+                weights=None):
   """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits.
 
   keras.applications fixes batch-norm momentum at 0.99, tuned for hundreds of
   ImageNet epochs; a short run needs faster-moving inference statistics, or
   eval (which uses them) lags far behind training accuracy.
+
+  `weights`: None (random), 'imagenet' (Keras downloads its published
+  headless weights) or a local weights file of the same headless network.
   """
   if name not in MODELS:
     raise UserError(f'unknown model {name!r}; accepted: {", ".join(MODELS)}')
@@ -33,15 +44,38 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
   images = keras.Input((image_size, image_size, 3), dtype='uint8', name='image')
   # Rescaling(1) only casts uint8 to the policy's compute dtype on the device.
   x = keras.layers.Rescaling(1.0, name='to_float')(images)
-  backbone = MODELS[name](include_top=False, weights=None, pooling='avg',
-                          input_shape=(image_size, image_size, 3))
-  for layer in backbone.layers:
+  network = MODELS[name](include_top=False, weights=weights, pooling='avg',
+                         input_shape=(image_size, image_size, 3))
+  set_drop_connect_rate(network, drop_connect_rate)
+  for layer in network.layers:
     if isinstance(layer, keras.layers.BatchNormalization):
       layer.momentum = batch_norm_momentum
-  x = backbone(x)
+  x = network(x)
   x = keras.layers.Dropout(dropout_rate, name='head_dropout')(x)
   logits = keras.layers.Dense(num_classes, dtype='float32', name='logits')(x)
   return keras.Model(images, logits, name=name)
+
+
+def set_drop_connect_rate(network, rate):
+  """Scales every block's stochastic depth so the deepest reaches `rate`.
+
+  The B0-B7 and V2 constructors do not pass a rate through, but each block's
+  drop is a Dropout layer (noise shape [batch, 1, 1, 1]) whose rate is read
+  when it runs: scaling those rates keeps keras.applications' linear growth
+  with depth. Headless, the network has no other Dropout layer.
+  """
+  if not 0.0 <= rate < 1.0:
+    raise UserError(f'drop_connect_rate={rate} must be in [0, 1)')
+  for layer in network.layers:
+    if isinstance(layer, keras.layers.Dropout):
+      layer.rate = layer.rate * rate / BUILT_DROP_CONNECT_RATE
+
+
+def backbone(model):
+  """The headless keras.applications network inside a build_model model."""
+  nested = [layer for layer in model.layers if isinstance(layer, keras.Model)]
+  assert len(nested) == 1, [layer.name for layer in model.layers]
+  return nested[0]
 
 
 def with_softmax(model):

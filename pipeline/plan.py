@@ -15,9 +15,11 @@ from absl import logging
 
 from pipeline import data
 from pipeline import devices
+from pipeline import finetune
 from pipeline import models
 from pipeline import precision
 from pipeline import sources
+from pipeline import steps
 from pipeline import storage
 from pipeline.errors import UserError
 
@@ -66,6 +68,7 @@ class Plan:
   workdir: Optional[storage.Workdir]
   cache: str = 'decoded'  # data.choose_cache's kind: none, decoded, encoded.
   cache_reason: str = ''
+  frozen_steps: int = 0  # Fine-tuning: steps that train the head alone.
 
   @property
   def policy(self):
@@ -112,6 +115,7 @@ class Plan:
         'steps_per_epoch': self.steps_per_epoch,
         'examples_per_epoch': self.examples_per_epoch,
         'total_steps': self.total_steps,
+        'frozen_steps': self.frozen_steps,
         'cache': self.cache,
         'cache_reason': self.cache_reason,
         'workdir': self.workdir.url if self.workdir else None,
@@ -142,11 +146,29 @@ class Plan:
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
         f'Input: cache {self.cache} ({self.cache_reason}); augment '
-        f'{config.augment}'
+        f'{config.augment}{_mixing(config)}'
         + (f'; training input from tf.data service {config.data_service} '
            '(sharding OFF: each worker streams the whole set)'
            if config.get('data_service', '') else ''),
+        self._recipe(config),
     ]
+
+  def _recipe(self, config):
+    """The model and optimisation choices, in one line."""
+    accumulation = config.get('gradient_accumulation_steps', 1)
+    ema_decay = config.get('ema_decay', 0.0)
+    return (
+        f'Recipe: {config.model}, stochastic depth '
+        f'{config.get("drop_connect_rate", 0.2):g}; {config.optimizer}, '
+        f'{config.get("lr_schedule", "cosine")} schedule'
+        + (f'; {accumulation} micro-batches of '
+           f'{self.global_batch_size // accumulation} per update (steps '
+           'count updates)' if accumulation > 1 else '')
+        + (f'; moving average {ema_decay:g} (evaluated and exported)'
+           if ema_decay else '; no moving average')
+        + f'; {finetune.describe(config.get("init_from", ""))}'
+        + (f', backbone frozen for the first {self.frozen_steps} steps'
+           if self.frozen_steps else ''))
 
 
 def resolve(config, request, hardware=None):
@@ -180,7 +202,8 @@ def resolve(config, request, hardware=None):
       config.global_batch_size / 256,
       source=source, steps_per_epoch=steps_per_epoch,
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
-      cache=cache, cache_reason=cache_reason)
+      cache=cache, cache_reason=cache_reason,
+      frozen_steps=finetune.frozen_steps(config, steps_per_epoch))
   for line in plan.describe(config):
     logging.info('%s', line)
   return plan
@@ -209,6 +232,13 @@ def _check_same_run(workdir, config):
           f'workdir {workdir.url!r} holds a run with {key}='
           f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
           '--workdir to start a new run')
+
+
+def _mixing(config):
+  mixes = [f'{name} {config.get(f"{name}_alpha", 0.0):g}'
+           for name in ('mixup', 'cutmix') if config.get(f'{name}_alpha', 0.0)]
+  return (f'; {" or ".join(mixes)} per batch (training accuracy is against '
+          'the dominant label)' if mixes else '')
 
 
 def choose_xla(requested, hardware, policy=None):
@@ -258,6 +288,29 @@ def validate(config, hardware):
     raise UserError(f'global_batch_size={config.global_batch_size} does not '
                     f'split over {replicas} replicas; use a multiple of '
                     f'{replicas}')
+  accumulation = config.get('gradient_accumulation_steps', 1)
+  if accumulation < 1 or config.global_batch_size % (replicas * accumulation):
+    raise UserError(
+        f'gradient_accumulation_steps={accumulation} must be 1 or more and '
+        f'split each replica\'s share of global_batch_size='
+        f'{config.global_batch_size} ({replicas} replica(s)) into equal '
+        'micro-batches')
+  if not 0.0 <= config.get('ema_decay', 0.0) < 1.0:
+    raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 is '
+                    'off, 0.9999 is tensorflow/tpu\'s')
+  for key in ('mixup_alpha', 'cutmix_alpha', 'l2_weight_decay'):
+    if config.get(key, 0.0) < 0:
+      raise UserError(f'{key}={config[key]} must be 0 (off) or more')
+  if not 0.0 <= config.get('drop_connect_rate', 0.2) < 1.0:
+    raise UserError(f'drop_connect_rate={config.drop_connect_rate} must be '
+                    'in [0, 1)')
+  if config.optimizer not in steps.OPTIMIZERS:
+    raise UserError(f'unknown optimizer {config.optimizer!r}; accepted: '
+                    f'{", ".join(steps.OPTIMIZERS)}')
+  if config.get('lr_schedule', 'cosine') not in steps.LR_SCHEDULES:
+    raise UserError(f'unknown lr_schedule {config.lr_schedule!r}; accepted: '
+                    f'{", ".join(steps.LR_SCHEDULES)}')
+  finetune.validate(config)
   for key in ('epochs', 'log_every_steps', 'checkpoint_every_steps',
               'keep_checkpoints', 'recovery_max_skipped_executions'):
     if config.get(key, 1) < 1:

@@ -18,22 +18,74 @@ from pipeline.errors import UserError
 SUM = tf.distribute.ReduceOp.SUM
 
 
-def make_optimizer(config, peak, total_steps, steps_per_epoch):
-  """Optimizer with `peak` learning rate, linear warmup and cosine decay."""
+OPTIMIZERS = ('adamw', 'sgd', 'rmsprop')
+LR_SCHEDULES = ('cosine', 'exponential')
+
+
+class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
+  """tensorflow/tpu's EfficientNet schedule (utils.build_learning_rate):
+  linear warmup to `peak`, then peak * rate ** floor(step / decay_steps),
+  the staircase counted from step 0."""
+
+  def __init__(self, peak, warmup_steps, decay_steps, rate):
+    self.peak, self.warmup_steps = peak, warmup_steps
+    self.decay_steps, self.rate = decay_steps, rate
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    decayed = self.peak * self.rate ** tf.floor(step / self.decay_steps)
+    if not self.warmup_steps:
+      return decayed
+    warming = self.peak * step / self.warmup_steps
+    return tf.where(step < self.warmup_steps, warming, decayed)
+
+  def get_config(self):
+    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
+            'decay_steps': self.decay_steps, 'rate': self.rate}
+
+
+def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
+  """Linear warmup to `peak`, then cosine decay to 0 over the rest of the
+  run, or tensorflow/tpu's exponential staircase (lr_schedule)."""
   warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
                      max(total_steps - 1, 0))
-  schedule = keras.optimizers.schedules.CosineDecay(
+  kind = config.get('lr_schedule', 'cosine')
+  if kind == 'exponential':
+    return WarmupExponentialDecay(
+        peak, warmup_steps,
+        max(config.lr_decay_epochs * steps_per_epoch, 1.0),
+        config.lr_decay_rate)
+  if kind != 'cosine':
+    raise UserError(f'unknown lr_schedule {kind!r}; accepted: '
+                    f'{", ".join(LR_SCHEDULES)}')
+  return keras.optimizers.schedules.CosineDecay(
       initial_learning_rate=0.0, warmup_target=peak, warmup_steps=warmup_steps,
       decay_steps=max(total_steps - warmup_steps, 1))
+
+
+def make_optimizer(config, peak, total_steps, steps_per_epoch):
+  """The config's optimizer on its learning-rate schedule, peaking at `peak`.
+
+  `total_steps` and `steps_per_epoch` count updates (an update with
+  gradient accumulation takes several micro-batches).
+  """
+  schedule = learning_rate_schedule(config, peak, total_steps,
+                                    steps_per_epoch)
   if config.optimizer == 'adamw':
     optimizer = keras.optimizers.AdamW(schedule,
                                        weight_decay=config.weight_decay)
   elif config.optimizer == 'sgd':
     optimizer = keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True,
                                      weight_decay=config.weight_decay)
+  elif config.optimizer == 'rmsprop':
+    # tensorflow/tpu's RMSProp: decay 0.9, momentum 0.9, epsilon 1e-3, which
+    # like Keras' sits inside the square root.
+    optimizer = keras.optimizers.RMSprop(
+        schedule, rho=0.9, momentum=0.9, epsilon=1e-3,
+        weight_decay=config.weight_decay)
   else:
     raise UserError(f'unknown optimizer {config.optimizer!r}; accepted: '
-                    'adamw, sgd')
+                    f'{", ".join(OPTIMIZERS)}')
   # Decay only weight matrices: decaying norms and biases hurts small models.
   optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
                                                  'beta'])
@@ -41,53 +93,102 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
 
 
 def replica_train_step(model, optimizer, global_batch_size, num_classes,
-                       label_smoothing, jit_compile=False):
-  """One replica's step on its batch: forward, backward, summed gradients,
-  update. Returns (loss, correct predictions)."""
+                       label_smoothing, jit_compile=False, accumulation_steps=1,
+                       l2_weight_decay=0.0, ema=None):
+  """One replica's update on its batch: forward, backward, summed gradients,
+  update, moving average. Returns (loss, correct predictions).
+
+  Labels are class indices, or soft labels [batch, classes] (mixup,
+  CutMix): a prediction is correct if it is the dominant label. With
+  `accumulation_steps` k > 1 the batch is cut into k micro-batches whose
+  gradients are summed before the one update (the activations of one
+  micro-batch in memory at a time), so a step is still one update of the
+  whole batch and a loss-scale skip drops all of it. `l2_weight_decay`
+  adds l2 * sum(w**2) / 2 over the non-batch-norm weights to the loss, as
+  tensorflow/tpu's EfficientNet does (rather than a decoupled decay).
+  """
   loss_fn = keras.losses.CategoricalCrossentropy(
       from_logits=True, label_smoothing=label_smoothing, reduction=None)
   _apply_without_all_reduce(optimizer)
+  def gradients(variables, images, labels):
+    targets = (labels if labels.shape.rank == 2 else
+               tf.one_hot(labels, num_classes))
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      per_example = loss_fn(targets, logits)
+      # Each replica divides by the global batch: gradients are then summed.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=global_batch_size)
+      if l2_weight_decay:
+        # Each replica and micro-batch adds its share: summed, it is whole.
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        loss += l2_weight_decay / (replicas * accumulation_steps) * tf.add_n([
+            tf.nn.l2_loss(v.value) for v in variables
+            if not v.path.endswith(('gamma', 'beta'))])
+      scaled_loss = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled_loss, variables)
+    grads = [tf.zeros(v.shape, v.dtype) if g is None else g
+             for g, v in zip(grads, variables)]
+    correct = tf.reduce_sum(tf.cast(tf.equal(
+        tf.argmax(logits, -1), tf.argmax(targets, -1)), tf.float32))
+    return grads, loss, correct
+
+  def accumulated_gradients(variables, images, labels):
+    micro = lambda t: tf.reshape(t, [accumulation_steps, -1, *t.shape[1:]])
+    images, labels = micro(images), micro(labels)
+
+    def add(i, grads, loss, correct):
+      more = gradients(variables, images[i], labels[i])
+      return (i + 1, [a + b for a, b in zip(grads, more[0])],
+              loss + more[1], correct + more[2])
+
+    zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
+    _, grads, loss, correct = tf.while_loop(
+        lambda i, *_: i < accumulation_steps, add,
+        (tf.constant(0), zeros, tf.constant(0.0), tf.constant(0.0)))
+    return grads, loss, correct
 
   # TPUs compile the whole step anyway; elsewhere XLA is opt-in per step.
   @tf.function(jit_compile=jit_compile or None)
   def replica_step(images, labels):
-    with tf.GradientTape() as tape:
-      logits = model(images, training=True)
-      per_example = loss_fn(tf.one_hot(labels, num_classes), logits)
-      # Each replica divides by the global batch: gradients are then summed.
-      loss = tf.nn.compute_average_loss(per_example,
-                                        global_batch_size=global_batch_size)
-      scaled_loss = optimizer.scale_loss(loss)
-    grads = tape.gradient(scaled_loss, model.trainable_variables)
+    # Read when traced: a frozen backbone's weights are not among them.
+    variables = model.trainable_variables
+    grads, loss, correct = (
+        gradients(variables, images, labels) if accumulation_steps == 1 else
+        accumulated_gradients(variables, images, labels))
     # Summed here, not inside optimizer.apply: LossScaleOptimizer decides to
     # skip a step from the gradients it is given, before its inner optimizer
     # would sum them, so each replica must already hold the sum (else one
     # replica's inf reaches the weights as NaN; BUILD_NOTES.md).
     grads = tf.distribute.get_replica_context().all_reduce(SUM, grads)
-    optimizer.apply(grads, model.trainable_variables)
-    correct = tf.reduce_sum(tf.cast(
-        tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
-        tf.float32))
+    applied_before = tf.identity(optimizer.iterations.value)
+    optimizer.apply(grads, variables)
+    if ema:
+      updates = tf.identity(optimizer.iterations.value)
+      ema.update(updates, applied=updates > applied_before)
     return loss, correct
 
   return replica_step
 
 
-def batch_norm_averager(model):
+def batch_norm_averager(model, ema=None):
   """A replica function that averages every batch norm's moving statistics
-  across replicas, or None for a model without batch norm.
+  (and their moving averages) across replicas, or None for a model without
+  batch norm.
 
   Keras 3 creates moving statistics with aggregation NONE and updates them
   from each replica's own batch: without this, replicas and workers drift
   apart and a checkpoint holds only the first replica's.
   """
   statistics = _batch_norm_statistics(model)
+  if ema:
+    statistics += ema.averages_of(statistics)
   if not statistics:
     return None
 
   def average():
     context = tf.distribute.get_replica_context()
-    local = [tf.identity(v.value) for v in statistics]
+    local = [tf.identity(_value(v)) for v in statistics]
     averaged = context.all_reduce(tf.distribute.ReduceOp.MEAN, local)
     for variable, value in zip(statistics, averaged):
       variable.assign(value)
@@ -96,19 +197,23 @@ def batch_norm_averager(model):
 
 
 def make_train_function(model, optimizer, strategy, global_batch_size,
-                        num_classes, label_smoothing, step, jit_compile):
+                        num_classes, label_smoothing, step, jit_compile,
+                        **recipe):
   """Returns train(iterator, num_steps) -> dict of scalars.
 
   Batches are (images, labels) or data.py's (images, labels, skipped): then
-  `skipped_records` sums the records the input skipped.
+  `skipped_records` sums the records the input skipped. `recipe`: the
+  keyword arguments of replica_train_step after jit_compile.
 
   `step` counts every step taken, including those LossScaleOptimizer skips
   for non-finite gradients; `optimizer.iterations` counts applied updates,
   so their difference is the number of skipped steps.
   """
   replica_step = replica_train_step(model, optimizer, global_batch_size,
-                                    num_classes, label_smoothing, jit_compile)
-  average_batch_norm_statistics = batch_norm_averager(model)
+                                    num_classes, label_smoothing, jit_compile,
+                                    **recipe)
+  average_batch_norm_statistics = batch_norm_averager(model,
+                                                      recipe.get('ema'))
 
   @tf.function
   def train(iterator, num_steps):
@@ -154,6 +259,11 @@ def _apply_without_all_reduce(optimizer):
                        '_all_reduce_sum_gradients; update steps.py for this '
                        'Keras version')
   inner._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+
+
+def _value(variable):
+  """A Keras variable's tf.Variable; a tf.Variable (an average) itself."""
+  return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _batch_norm_statistics(model):

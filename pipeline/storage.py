@@ -94,6 +94,7 @@ class Workdir:
 
   def __init__(self, url, staging_root, timeout_s=120.0):
     self.url = url
+    self.staging_root = staging_root
     if gcs.is_gcs(url):
       self.remote = gcs.Location(url, timeout_s)
       bucket, prefix = gcs.split_url(url)

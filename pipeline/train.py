@@ -13,6 +13,7 @@ from absl import logging
 from pipeline import actions
 from pipeline import data
 from pipeline import export
+from pipeline import finetune
 from pipeline import metrics
 from pipeline import trainer as trainer_lib
 from pipeline.checkpoint import Checkpointer
@@ -34,8 +35,15 @@ def train_and_evaluate(config, plan, extra_actions=()):
 
   def checkpointer_of(series, keep):
     return Checkpointer(workdir, keep, hardware.is_chief, series=series,
-                        io_device=plan.io_device, model=trainer.model,
-                        optimizer=trainer.optimizer, step=trainer.step)
+                        io_device=plan.io_device,
+                        if_missing={'ema': start_average_here},
+                        **trainer.trackables())
+
+  def start_average_here(path):
+    # A run that resumes with a moving average it did not keep before.
+    logging.info('%s holds no moving average: it starts from its weights',
+                 path)
+    trainer.ema.reset()
 
   checkpointer = checkpointer_of('checkpoints', config.keep_checkpoints)
   best_metric = config.get('keep_best_metric', '')
@@ -47,6 +55,11 @@ def train_and_evaluate(config, plan, extra_actions=()):
   initial_step = int(trainer.step.numpy())
   if initial_step:
     logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
+  elif config.get('init_from', ''):  # A resumed run keeps its own weights.
+    logging.info('Initialized the %s', finetune.load_backbone(
+        config, trainer.model, plan.workdir.staging_root))
+    if trainer.ema:
+      trainer.ema.reset()
 
   strategy, batch = hardware.strategy, plan.global_batch_size
   train_data = strategy.distribute_datasets_from_function(
@@ -56,8 +69,10 @@ def train_and_evaluate(config, plan, extra_actions=()):
       data.eval_input_fn(config, plan.source, batch, plan.cache))
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
-  progress = actions.ReportProgress(trainer, plan, config.log_every_steps,
-                                    train_writer)
+  progress = actions.ReportProgress(
+      trainer, plan, config.log_every_steps, train_writer,
+      mixed_labels=bool(config.get('mixup_alpha', 0.0) or
+                        config.get('cutmix_alpha', 0.0)))
   evaluate = actions.Evaluate(
       trainer, eval_data, data.eval_steps(plan.source, batch),
       plan.steps_per_epoch * config.eval_every_epochs, eval_writer,
@@ -86,11 +101,11 @@ def train_and_evaluate(config, plan, extra_actions=()):
       config, plan, trainer, progress, final_eval, initial_step=initial_step,
       initial_weights_sha256=initial_weights_sha256,
       checkpoint_blocked_s=checkpointer.blocked_s,
-      export_dir=_export(config, plan, trainer.model))
+      export_dir=_export(config, plan, trainer))
   if keep_best:  # Last: it loads the best weights into the model.
     keep_best.checkpointer.restore_latest()
     result.update(keep_best.metrics(), best_export_dir=_export(
-        config, plan, trainer.model, 'export_best'))
+        config, plan, trainer, 'export_best'))
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')
@@ -99,22 +114,27 @@ def train_and_evaluate(config, plan, extra_actions=()):
   return result
 
 
-def _export(config, plan, model, name='export'):
-  return export.export_model(
-      model, plan.workdir, plan.hardware.is_chief, export.metadata(config, plan),
-      name=name, tflite=config.get('export_tflite', ''),
-      io_device=plan.io_device)
+def _export(config, plan, trainer, name='export'):
+  with trainer.exported_weights():  # The moving average, if kept.
+    return export.export_model(
+        trainer.model, plan.workdir, plan.hardware.is_chief,
+        export.metadata(config, plan), name=name,
+        tflite=config.get('export_tflite', ''), io_device=plan.io_device)
 
 
 def run_loop(trainer, iterator, plan, initial_step, periodic_actions):
   """Runs executions of `plan.steps_per_execution` steps to the last step.
 
   After each, every action gets the Execution: the loop knows nothing of
-  logging, checkpoints, evaluation or preemption.
+  logging, checkpoints, evaluation or preemption. An execution ends where a
+  frozen backbone thaws (the trainer switches functions there).
   """
   step = initial_step
   while step < plan.total_steps:
-    num_steps = min(plan.steps_per_execution, plan.total_steps - step)
+    end = min(step + plan.steps_per_execution, plan.total_steps)
+    if step < plan.frozen_steps:
+      end = min(end, plan.frozen_steps)
+    num_steps = end - step
     start = time.perf_counter()
     outputs = trainer.train(iterator, num_steps)
     execution = actions.Execution(step, step + num_steps, plan.total_steps,

@@ -9,12 +9,14 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+from typing import Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from pipeline import data
+from pipeline import ema as ema_lib
 from pipeline import models
 from pipeline import precision
 from pipeline import steps
@@ -37,6 +39,18 @@ class Trainer:
   num_classes: int
   label_offset: int
   out_of_memory: str  # The one line for a ResourceExhaustedError.
+  ema: Optional[ema_lib.MovingAverage] = None
+  # Fine-tuning's first phase: steps before this one train the head alone,
+  # with its own compiled function (the variables it updates differ).
+  frozen_steps: int = 0
+  frozen_train_fn: object = None
+
+  def trackables(self):
+    """What a checkpoint of this run holds, by name."""
+    found = dict(model=self.model, optimizer=self.optimizer, step=self.step)
+    if self.ema:
+      found['ema'] = self.ema.trackable
+    return found
 
   @property
   def skipped_steps(self):
@@ -52,13 +66,38 @@ class Trainer:
     return float(self.optimizer.learning_rate)
 
   def train(self, iterator, num_steps):
-    """Runs `num_steps` training steps; their mean loss etc. as floats."""
-    return self._run(self.train_fn, iterator, num_steps)
+    """Runs `num_steps` training steps; their mean loss etc. as floats.
 
-  def evaluate(self, iterator, num_steps):
-    """Runs `num_steps` eval batches: loss, accuracy, top5_accuracy and
-    examples as floats, the confusion matrix as a numpy array."""
-    return self._run(self.eval_fn, iterator, num_steps)
+    Before `frozen_steps` the backbone is frozen (its batch norm then runs
+    in inference mode, as in Keras' transfer-learning guide); the loop
+    never lets an execution cross that step.
+    """
+    frozen = int(self.step.numpy()) < self.frozen_steps
+    if self.frozen_steps:
+      # Set before every call: a function (re)traces with the state it sees.
+      models.backbone(self.model).trainable = not frozen
+    return self._run(self.frozen_train_fn if frozen else self.train_fn,
+                     iterator, num_steps)
+
+  def evaluate(self, dataset, num_steps):
+    """Evaluates on `num_steps` batches of `dataset`: loss, accuracy,
+    top5_accuracy and examples as floats, the confusion matrix as a numpy
+    array. With a moving average, those are the averaged weights' (what is
+    exported) and loss_raw, accuracy_raw, top5_accuracy_raw the model's own.
+    """
+    if not self.ema:
+      return self._run(self.eval_fn, iter(dataset), num_steps)
+    raw = self._run(self.eval_fn, iter(dataset), num_steps)
+    with self.ema.applied_to_model():
+      result = self._run(self.eval_fn, iter(dataset), num_steps)
+    return dict(result, **{f'{key}_raw': raw[key] for key in
+                           ('loss', 'accuracy', 'top5_accuracy')})
+
+  def exported_weights(self):
+    """A context in which the model holds what is exported: the moving
+    average if there is one, else its own weights."""
+    return (self.ema.applied_to_model() if self.ema else
+            contextlib.nullcontext())
 
   def weights_sha256(self):
     """SHA-256 of every weight: equal digests mean equal models."""
@@ -125,21 +164,34 @@ def _build(config, plan):
   precision.apply(plan.precision, hardware.device_kind)
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
-    model = models.build_model(config.model, num_classes, config.image_size,
-                               config.dropout_rate, config.batch_norm_momentum)
+    model = models.build_model(
+        config.model, num_classes, config.image_size, config.dropout_rate,
+        config.batch_norm_momentum, config.get('drop_connect_rate', 0.2))
     optimizer = precision.wrap_optimizer(
         steps.make_optimizer(config, plan.peak_learning_rate,
                              plan.total_steps, plan.steps_per_epoch),
         plan.policy, hardware.device_kind)
-    # Built now, so a checkpoint restores into existing slots.
+    # Built now, so a checkpoint restores into existing slots (the frozen
+    # backbone's too: they wait, unchanged, for the whole-model phase).
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  train_fn = steps.make_train_function(
-      model, optimizer, strategy, plan.global_batch_size, num_classes,
-      config.label_smoothing, step,
-      # TPUs compile the whole program anyway; elsewhere XLA is per step.
-      jit_compile=plan.xla and hardware.device_kind != 'TPU')
+    ema = (ema_lib.MovingAverage(model, config.ema_decay)
+           if config.get('ema_decay', 0.0) else None)
+
+  def train_function():
+    return steps.make_train_function(
+        model, optimizer, strategy, plan.global_batch_size, num_classes,
+        config.label_smoothing, step,
+        # TPUs compile the whole program anyway; elsewhere XLA is per step.
+        jit_compile=plan.xla and hardware.device_kind != 'TPU',
+        accumulation_steps=config.get('gradient_accumulation_steps', 1),
+        l2_weight_decay=config.get('l2_weight_decay', 0.0), ema=ema)
+
   eval_fn = steps.make_eval_function(model, strategy, num_classes)
-  return Trainer(model, optimizer, step, train_fn, eval_fn, num_classes,
-                 config.label_offset, out_of_memory_message(config, plan))
+  return Trainer(model, optimizer, step, train_function(), eval_fn,
+                 num_classes, config.label_offset,
+                 out_of_memory_message(config, plan), ema=ema,
+                 frozen_steps=plan.frozen_steps,
+                 frozen_train_fn=(train_function() if plan.frozen_steps
+                                  else None))

@@ -53,11 +53,33 @@ def _cases(root, tfds_dir):
        'recovery_max_trials=-1 must be 0 or more', None),
       ('GPUs TensorFlow cannot see', [work, data, '--dry_run'],
        'NVIDIA GPU(s) (nvidia-smi -L) but TensorFlow', None),
+      ('freezing a random backbone', [work, data, '--dry_run',
+                                      '--config.freeze_backbone_epochs=1'],
+       'freeze_backbone_epochs=1.0 needs --config.init_from', None),
+      ('micro-batches that do not split', [
+          work, data, '--dry_run', '--config.gradient_accumulation_steps=5'],
+       'gradient_accumulation_steps=5 must be 1 or more and split', None),
+      ('init_from a folder that is no run', [
+          f'--workdir={root / "finetune"}', data,
+          f'--config.init_from={root / "not_tfrecord"}',
+          '--config.train_split=train[:64]', '--config.epochs=1'],
+       'is not imagenet, a .h5 weights file or the workdir of a run', None),
+      # Keras' download fails (no network, or a proxy that refuses).
+      ('init_from=imagenet offline', [
+          f'--workdir={root / "imagenet"}', data, '--config.init_from=imagenet',
+          '--config.train_split=train[:64]', '--config.epochs=1'],
+       "init_from=imagenet: downloading efficientnet_b0's ImageNet weights "
+       'failed', None),
   ]
 
 
 def _env(name, root):
-  """A stand-in nvidia-smi on PATH for the GPU case (no driver here)."""
+  """A stand-in nvidia-smi on PATH for the GPU case (no driver here); no
+  cached Keras weights and no way out for the offline case."""
+  if name == 'init_from=imagenet offline':
+    return {'KERAS_HOME': str(root / 'keras_home'),
+            'HTTPS_PROXY': 'http://127.0.0.1:9', 'https_proxy':
+            'http://127.0.0.1:9'}
   if name != 'GPUs TensorFlow cannot see':
     return None
   folder = root / 'bin'

@@ -1,0 +1,148 @@
+"""Fine-tuning: a new run's backbone from published or earlier weights.
+
+`init_from` names where the backbone's first weights come from:
+  imagenet     keras.applications' published ImageNet weights of the model,
+               downloaded by Keras once (into ~/.keras/models);
+  a file       local or gs://: weights of the same headless network, such as
+               Keras' own efficientnetb0_notop.h5 fetched by hand;
+  a workdir    another run of launch.train (local or gs://): its newest
+               committed checkpoint, its moving average if it kept one.
+The head is always new: this run's classes. Only a run that starts at step
+0 loads them; a resumed run restores its own checkpoint instead.
+
+With `freeze_backbone_epochs`, the backbone is frozen for that long (batch
+norm in inference mode) while the new head learns, then the whole model
+trains (trainer.Trainer.train).
+"""
+
+import os
+import re
+import tempfile
+
+import tensorflow as tf
+
+from pipeline import ema as ema_lib
+from pipeline import models
+from pipeline import storage
+from pipeline.checkpoint import Checkpointer
+from pipeline.errors import UserError
+from pipeline.errors import first_line
+
+_WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')
+
+
+def validate(config):
+  """A one-line UserError for fine-tuning settings that cannot work."""
+  init_from = config.get('init_from', '')
+  freeze = config.get('freeze_backbone_epochs', 0)
+  if freeze < 0:
+    raise UserError(f'freeze_backbone_epochs={freeze} must be 0 or more')
+  if freeze and not init_from:
+    raise UserError(f'freeze_backbone_epochs={freeze} needs --config.'
+                    'init_from: a frozen random backbone learns nothing')
+  if freeze and freeze >= config.epochs:
+    raise UserError(f'freeze_backbone_epochs={freeze} leaves no epoch of '
+                    f'the {config.epochs} to train the whole model; use fewer')
+
+
+def describe(init_from):
+  """How the plan names where the first weights come from."""
+  if not init_from:
+    return 'random initial weights'
+  if init_from == 'imagenet':
+    return "backbone from keras.applications' ImageNet weights"
+  if _WEIGHTS_FILE.search(init_from):
+    return f'backbone from the weights file {init_from}'
+  return f'backbone from the run in {init_from}'
+
+
+def load_backbone(config, model, staging_dir):
+  """Loads `config.init_from` into `model`'s backbone; returns what it did."""
+  init_from = config.init_from
+  target = models.backbone(model)
+  if init_from == 'imagenet':
+    source = _published(config)
+  elif _WEIGHTS_FILE.search(init_from):
+    source = _from_file(config, init_from)
+  else:
+    return _from_run(config, init_from, target, staging_dir)
+  target.set_weights(source.get_weights())
+  return describe(init_from)
+
+
+def _headless(config, weights):
+  return models.MODELS[config.model](
+      include_top=False, weights=weights, pooling='avg',
+      input_shape=(config.image_size, config.image_size, 3))
+
+
+def _published(config):
+  try:
+    return _headless(config, 'imagenet')
+  except Exception as e:  # pylint: disable=broad-except
+    # Keras raises a bare Exception for a failed download.
+    url = re.search(r'https?://\S+?\.h5', str(e))
+    where = url.group(0) if url else "Keras' published weights"
+    raise UserError(
+        f"init_from=imagenet: downloading {config.model}'s ImageNet weights "
+        f'failed ({first_line(e)}); without network, fetch {where} '
+        'elsewhere and pass its path as --config.init_from=PATH') from None
+
+
+def _from_file(config, path):
+  if not tf.io.gfile.exists(path):
+    raise UserError(f'init_from={path!r}: no such weights file; accepted: '
+                    "imagenet, a .h5 weights file of the model's headless "
+                    'network, or the workdir of another run')
+  with tempfile.TemporaryDirectory() as folder:
+    local = path
+    if '://' in path:  # h5py reads local files only.
+      local = os.path.join(folder, os.path.basename(path))
+      tf.io.gfile.copy(path, local)
+    try:
+      return _headless(config, local)
+    except (ValueError, OSError) as e:
+      raise UserError(f'init_from={path!r} does not load into the headless '
+                      f'{config.model} ({first_line(e)}); pass weights of '
+                      'that network, e.g. Keras\' '
+                      f'{config.model.replace("_", "")}_notop.h5') from None
+
+
+def _from_run(config, url, target, staging_dir):
+  """The backbone of another run's newest committed checkpoint."""
+  workdir = storage.Workdir(url, os.path.join(staging_dir, 'init_from'))
+  saved = workdir.read_json('run.json')
+  if not saved:
+    raise UserError(f'init_from={url!r} is not imagenet, a .h5 weights file '
+                    'or the workdir of a run (it has no run.json)')
+  theirs = saved['config']
+  if theirs['model'] != config.model:
+    raise UserError(f'init_from={url!r} trained {theirs["model"]}, not '
+                    f'{config.model}; set --config.model={theirs["model"]} '
+                    'or start from another run')
+  # Their head (their classes) is restored and dropped; only the backbone
+  # is copied, at any image size (no weight depends on it).
+  source = models.build_model(theirs['model'],
+                              saved['resolved']['num_classes'],
+                              config.image_size)
+  average = (ema_lib.MovingAverage(source, theirs['ema_decay'])
+             if theirs.get('ema_decay') else None)
+  trackables = dict(model=source, **({'ema': average.trackable}
+                                     if average else {}))
+  checkpointer = Checkpointer(workdir, 1, is_chief=False, **trackables)
+  step = checkpointer.restore_latest()
+  if step is None:
+    raise UserError(f'init_from={url!r} has no committed checkpoint yet')
+  if average:
+    with average.applied_to_model():
+      target.set_weights(models.backbone(source).get_weights())
+  else:
+    target.set_weights(models.backbone(source).get_weights())
+  return (f'backbone from step {step} of the run in {url}'
+          + (' (its moving average)' if average else ''))
+
+
+def frozen_steps(config, steps_per_epoch):
+  """Steps that train the head alone."""
+  return int(round(config.get('freeze_backbone_epochs', 0) * steps_per_epoch))
+
