@@ -163,12 +163,15 @@ class Checkpointer:
   def _restore(self, path):
     """Restores every object from `path`; raises one of _DAMAGED if not."""
     saved = {name.split('/', 1)[0] for name, _ in tf.train.list_variables(path)}
-    missing = [name for name in self.if_missing if name not in saved]
+    missing = [name for name in self.if_missing
+               if name in self.trackables and name not in saved]
     checkpoint = (tf.train.Checkpoint(**{
         name: trackable for name, trackable in self.trackables.items()
         if name not in missing}) if missing else self.checkpoint)
+    # Every object here restored; what the file has beyond them (another
+    # run's optimizer, when fine-tuning from it) may stay unread.
     checkpoint.restore(path, options=self.options
-                       ).assert_existing_objects_matched()
+                       ).assert_existing_objects_matched().expect_partial()
     logging.info('Restored %s', path)
     for name in missing:
       self.if_missing[name](path)

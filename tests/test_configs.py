@@ -3,12 +3,14 @@
 import glob
 import importlib
 import os
+import types
 
 import pytest
 
 from conftest import REPO
 from pipeline import data
 from pipeline import models
+from pipeline import plan
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in
                  glob.glob(os.path.join(REPO, 'configs', '*.py'))
@@ -30,3 +32,5 @@ def test_config_is_valid(name):
   assert config.augment in data.AUGMENTATIONS
   assert config.global_batch_size % 8 == 0  # Splits over 8 TPU cores or GPUs.
   assert config.image_size >= 32
+  # Every value passes the checks a run makes before it builds anything.
+  plan.validate(config, types.SimpleNamespace(num_replicas=8))
