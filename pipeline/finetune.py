@@ -45,6 +45,37 @@ def validate(config):
                     f'the {config.epochs} to train the whole model; use fewer')
 
 
+def check_source(config, staging_dir):
+  """For a run that starts now: a one-line UserError if `init_from` names a
+  weights file that is not there, or a folder that holds no run of this
+  model (found before anything is built, so --dry_run says so too)."""
+  init_from = config.get('init_from', '')
+  if not init_from or init_from == 'imagenet':
+    return
+  if _WEIGHTS_FILE.search(init_from):
+    if not tf.io.gfile.exists(init_from):
+      raise UserError(f'init_from={init_from!r}: no such weights file; '
+                      "accepted: imagenet, a .h5 weights file of the model's "
+                      'headless network, or the workdir of another run')
+    return
+  _source_run(config, init_from, staging_dir)
+
+
+def _source_run(config, url, staging_dir):
+  """(Workdir, run.json) of the run `init_from` names, checked."""
+  workdir = storage.Workdir(url, os.path.join(staging_dir, 'init_from'))
+  saved = workdir.read_json('run.json')
+  if not saved:
+    raise UserError(f'init_from={url!r} is not imagenet, a .h5 weights file '
+                    'or the workdir of a run (it has no run.json)')
+  theirs = saved['config']['model']
+  if theirs != config.model:
+    raise UserError(f'init_from={url!r} trained {theirs}, not '
+                    f'{config.model}; set --config.model={theirs} or start '
+                    'from another run')
+  return workdir, saved
+
+
 def describe(init_from):
   """How the plan names where the first weights come from."""
   if not init_from:
@@ -90,10 +121,7 @@ def _published(config):
 
 
 def _from_file(config, path):
-  if not tf.io.gfile.exists(path):
-    raise UserError(f'init_from={path!r}: no such weights file; accepted: '
-                    "imagenet, a .h5 weights file of the model's headless "
-                    'network, or the workdir of another run')
+  check_source(config, '')
   with tempfile.TemporaryDirectory() as folder:
     local = path
     if '://' in path:  # h5py reads local files only.
@@ -110,16 +138,8 @@ def _from_file(config, path):
 
 def _from_run(config, url, target, staging_dir):
   """The backbone of another run's newest committed checkpoint."""
-  workdir = storage.Workdir(url, os.path.join(staging_dir, 'init_from'))
-  saved = workdir.read_json('run.json')
-  if not saved:
-    raise UserError(f'init_from={url!r} is not imagenet, a .h5 weights file '
-                    'or the workdir of a run (it has no run.json)')
+  workdir, saved = _source_run(config, url, staging_dir)
   theirs = saved['config']
-  if theirs['model'] != config.model:
-    raise UserError(f'init_from={url!r} trained {theirs["model"]}, not '
-                    f'{config.model}; set --config.model={theirs["model"]} '
-                    'or start from another run')
   # Their head (their classes) is restored and dropped; only the backbone
   # is copied, at any image size (no weight depends on it).
   source = models.build_model(theirs['model'],

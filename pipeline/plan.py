@@ -218,20 +218,24 @@ def _open_workdir(config, request, hardware):
   workdir = storage.Workdir(request.workdir, request.staging_dir)
   if hardware.is_chief:
     workdir.check()  # For gs://: bucket exists and takes a write, or one line.
-    _check_same_run(workdir, config)
+    if not _check_same_run(workdir, config):  # A run that starts now.
+      finetune.check_source(config, request.staging_dir)
   return workdir
 
 
 def _check_same_run(workdir, config):
+  """A one-line UserError if the workdir holds another run; whether it
+  holds this one."""
   saved = workdir.read_json('run.json')
   if not saved:
-    return
+    return False
   for key in RUN_IDENTITY:
     if saved['config'].get(key) != config[key]:
       raise UserError(
           f'workdir {workdir.url!r} holds a run with {key}='
           f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
           '--workdir to start a new run')
+  return True
 
 
 def _mixing(config):

@@ -112,6 +112,8 @@ def test_missing_bucket_fails_in_one_line_before_training(
   assert 'First execution' not in result.stderr
 
 
+# A whole training run (37 s): the slow tier keeps the fast suite in 15 min.
+@pytest.mark.slow
 def test_sigterm_commits_a_final_checkpoint(emulator, tfds_dir, tmp_path):
   args = tiny_args('gs://runs/preempted', tfds_dir,
                    f'--staging_dir={tmp_path}', '--config.epochs=40',

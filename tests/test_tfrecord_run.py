@@ -44,6 +44,8 @@ def test_training_on_tfrecord_files(jpeg_dir, tmp_path):
   assert 'skipped records 1' in result.stderr
 
 
+# A whole training run (37 s): the slow tier keeps the fast suite in 15 min.
+@pytest.mark.slow
 def test_label_offset_mistake_is_one_line(jpeg_dir, tmp_path):
   flags = [f for f in _tfrecord_flags(jpeg_dir) if 'label_offset' not in f]
   result = run_train(*flags, '--config.label_offset=0',

@@ -60,9 +60,8 @@ def _cases(root, tfds_dir):
           work, data, '--dry_run', '--config.gradient_accumulation_steps=5'],
        'gradient_accumulation_steps=5 must be 1 or more and split', None),
       ('init_from a folder that is no run', [
-          f'--workdir={root / "finetune"}', data,
-          f'--config.init_from={root / "not_tfrecord"}',
-          '--config.train_split=train[:64]', '--config.epochs=1'],
+          f'--workdir={root / "finetune"}', data, '--dry_run',
+          f'--config.init_from={root / "not_tfrecord"}'],
        'is not imagenet, a .h5 weights file or the workdir of a run', None),
       # Keras' download fails (no network, or a proxy that refuses).
       ('init_from=imagenet offline', [
