@@ -15,6 +15,7 @@ environment.prepare(sys.argv)  # Before TensorFlow loads.
 from absl import app
 
 from launch import cli
+from pipeline import console
 from pipeline import plan as plan_lib
 from pipeline import train
 from pipeline.errors import Preempted
@@ -27,6 +28,7 @@ _EXIT_PREEMPTED = 143
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  console.setup()
   config = cli.load_config()
   try:
     plan = plan_lib.resolve(config, cli.request(config))

@@ -18,6 +18,7 @@ import threading
 import tensorflow as tf
 from absl import logging
 
+from pipeline import console
 from pipeline import trainer as trainer_lib
 from pipeline.errors import Preempted
 from pipeline.errors import UserError
@@ -114,6 +115,7 @@ class ReportProgress:
     self.skipped_records = 0
     self.meter = Meter(plan.global_batch_size)
     self._warned_input_bound = False
+    self._bar = None  # console.live_bar on a terminal.
 
   def __call__(self, execution):
     first = self.meter.compile_s is None
@@ -124,7 +126,27 @@ class ReportProgress:
       logging.info('First execution (tracing and compiling included): %.1f s',
                    self.meter.compile_s)
     if execution.crossed(self.every_steps) or execution.is_last:
+      console.close_bar(self._bar)
+      self._bar = None
       self._report(execution)
+    else:
+      self._show(execution)
+
+  def _show(self, execution):
+    """The live bar (terminals only) of the steps up to the next line."""
+    if self._bar is None:
+      stretch_end = min(
+          (execution.first_step // self.every_steps + 1) * self.every_steps,
+          execution.total_steps)
+      start = stretch_end - self.every_steps
+      self._bar = console.live_bar(stretch_end - max(start, 0),
+                                   f'steps to {stretch_end}')
+      if self._bar is None:
+        return
+      self._bar.update(execution.first_step - max(start, 0))
+    self._bar.update(execution.num_steps)
+    self._bar.set_postfix(loss=f'{execution.outputs["loss"]:.4f}',
+                          refresh=False)
 
   def _report(self, execution):
     out, trainer = execution.outputs, self.trainer

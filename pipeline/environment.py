@@ -5,23 +5,104 @@ their first lines, before anything imports TensorFlow.
 """
 
 import argparse
+import atexit
 import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# What TensorFlow's and libtpu's native code print at start-up on a machine
+# without the hardware they probe, before any log level applies (they are
+# written "before absl::InitializeLog() is called"): nothing about the run.
+# A driver TensorFlow cannot use is caught in one line by devices.py.
+NATIVE_NOISE = re.compile('|'.join([
+    r'All log messages before absl::InitializeLog\(\) is called',
+    r'Could not find cuda drivers on your machine',
+    r'failed call to cuInit',
+    r'oneDNN custom operations are on',
+    r'This TensorFlow binary is optimized to use available CPU instructions',
+    r'To enable the following instructions: .* rebuild TensorFlow',
+    r'Unable to register cu(DNN|FFT|BLAS) factory',
+    r'computation placer already registered',
+    r'TF-TRT Warning: Could not find TensorRT',
+    r'Failed to (get|read) .*metadata',  # libtpu off GCE.
+]))
+_filtering = []
+
+def _flag(argv, name):
+  """The --NAME value in `argv` (absl syntax), or None if not given."""
+  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  parser.add_argument(f'--{name}', f'-{name}')
+  known, _ = parser.parse_known_args(argv[1:])
+  return getattr(known, name)
 
 
 def requested_policy(argv):
   """The --policy value in `argv` (absl syntax), or None if not given."""
-  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-  parser.add_argument('--policy', '-policy')
-  known, _ = parser.parse_known_args(argv[1:])
-  return known.policy
+  return _flag(argv, 'policy')
 
 
 def prepare(argv):
   """Sets TensorFlow's load-time switches for the run `argv` asks for."""
   # Warnings and errors from TensorFlow's C++ side; its INFO lines are noise.
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+  if not _flag(argv, 'tpu'):
+    # No TPU asked for: libtpu (the TPU build) would spend minutes asking a
+    # GCE metadata server that is not there, logging each retry.
+    os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  filter_native_stderr()
   if requested_policy(argv) == 'rewrite':
     # --policy=rewrite on a CPU is oneDNN's bfloat16 rewrite, and TensorFlow
     # leaves oneDNN off on CPUs without AVX-512. An explicit 0 is kept: the
     # run then stops in one line (precision.enable_graph_rewrite).
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
+
+
+# The filter: its own process, so lines a crash leaves in the pipe (a
+# native "Check failed") still reach the screen after this one dies.
+_FILTER = """
+import re, sys
+noise = re.compile(sys.argv[1])
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+  if not noise.search(line.decode('utf-8', 'replace')):
+    out.write(line)
+    out.flush()
+"""
+
+
+def filter_native_stderr():
+  """Drops NATIVE_NOISE lines that native code writes to this process's
+  stderr (file descriptor 2); every other line passes, in order.
+
+  Python's own output (logging, progress bars, tracebacks, a one-line
+  error) goes straight to the real stderr through a new sys.stderr, so
+  nothing waits on the filter but native lines. PIPELINE_RAW_STDERR=1
+  leaves stderr alone.
+  """
+  if os.environ.get('PIPELINE_RAW_STDERR') or _filtering:
+    return
+  _filtering.append(True)
+  sys.stderr.flush()
+  direct = os.dup(2)
+  read_end, write_end = os.pipe()
+  child = subprocess.Popen(
+      [sys.executable, '-S', '-c', _FILTER, NATIVE_NOISE.pattern],
+      stdin=read_end, stdout=direct, stderr=direct)
+  os.close(read_end)
+  os.dup2(write_end, 2)
+  os.close(write_end)
+  sys.stderr = os.fdopen(direct, 'w', buffering=1, errors='backslashreplace')
+
+  def drain():
+    # At a normal exit: close our end and let the filter finish, so its
+    # last lines land before the shell's prompt.
+    os.dup2(direct, 2)
+    try:
+      child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      pass  # A child process of ours still holds the pipe; it will end.
+
+  atexit.register(drain)

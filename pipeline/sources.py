@@ -6,9 +6,12 @@ workers, its own examples). Decoding is data.py's, after sharding, so a
 worker never pays to decode another's examples.
 """
 
+import contextlib
 import dataclasses
+import io
 from typing import Callable
 
+from absl import logging
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -48,6 +51,25 @@ def load_source(config):
 # --- tensorflow-datasets ---------------------------------------------------
 
 
+def _prepare(builder):
+  """download_and_prepare; for the bundled set, quietly: tfds would print
+  "Downloading and preparing dataset Unknown size" and progress bars for
+  data that ship with scikit-learn. A real download keeps its display."""
+  if builder.name != 'sklearn_digits':
+    builder.download_and_prepare()
+    return
+  chatter = io.StringIO()
+  tfds.disable_progress_bar()
+  try:
+    with contextlib.redirect_stdout(chatter):
+      builder.download_and_prepare()
+  finally:
+    tfds.enable_progress_bar()
+  if 'Dataset sklearn_digits downloaded and prepared' in chatter.getvalue():
+    logging.info('Prepared sklearn_digits (bundled with scikit-learn) in %s',
+                 builder.data_dir)
+
+
 def _tfds_source(config):
   try:
     builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
@@ -56,7 +78,7 @@ def _tfds_source(config):
                     "'tfrecord' or a tensorflow-datasets image classification "
                     'name, e.g. sklearn_digits (offline), cifar10, imagenet2012')
   try:
-    builder.download_and_prepare()
+    _prepare(builder)
   except Exception as e:  # Network, disk and manual-download errors alike.
     raise UserError(f'dataset {config.dataset!r} could not be prepared in '
                     f'{builder.data_dir}: {first_line(e)}')

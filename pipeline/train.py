@@ -11,6 +11,7 @@ import time
 from absl import logging
 
 from pipeline import actions
+from pipeline import console
 from pipeline import data
 from pipeline import export
 from pipeline import finetune
@@ -25,6 +26,19 @@ def train_and_evaluate(config, plan, extra_actions=()):
   `extra_actions` run before the built-in ones at every execution boundary
   (see pipeline/actions.py for the interface), so a test can inject a fault.
   """
+  hardware, workdir = plan.hardware, plan.workdir
+  log_file = None
+  if hardware.is_chief:
+    log_file = console.log_to_file(workdir.path(console.LOG_FILE))
+  try:
+    return _train_and_evaluate(config, plan, extra_actions)
+  finally:
+    console.stop_logging_to(log_file)
+    if log_file:
+      workdir.publish(console.LOG_FILE)
+
+
+def _train_and_evaluate(config, plan, extra_actions):
   hardware, workdir = plan.hardware, plan.workdir
   if hardware.is_chief:
     workdir.write_json('run.json', {'resolved': plan.to_json(),
