@@ -101,7 +101,11 @@ def get_config():
   # '' (off), 'float32' or 'float16' (weights): also write export/model.tflite
   # for LiteRT, from a float32 rebuild of the model (about 17 s for B0).
   config.export_tflite = ''
-  config.eval_every_epochs = 5  # 0: evaluate only at the end.
+  config.eval_every_epochs = 5.0  # 0: evaluate only at the end; 0.5 works.
+  # 'START,STOP': a profiler trace of the executions covering those steps,
+  # in TensorBoard's profile tab (tensorboard-plugin-profile); '' is off.
+  config.profile_steps = ''
+
   # Divergence: a non-finite loss (float32, bfloat16), or under float16 a
   # loss scale below 1 or this many executions in a row with every step
   # skipped, rolls back to the newest checkpoint, at most this many times.

@@ -25,6 +25,8 @@ from pipeline.errors import UserError
 
 # Above this fraction of time waiting for input, the run says it is input-bound.
 INPUT_BOUND_FRACTION = 0.10
+# Points of the training-loss curve in TensorBoard, whatever the run length.
+CURVE_POINTS = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,7 @@ class ReportProgress:
     self.meter = Meter(plan.global_batch_size)
     self._warned_input_bound = False
     self._bar = None  # console.live_bar on a terminal.
+    self.curve_every = max(1, plan.total_steps // CURVE_POINTS)
 
   def __call__(self, execution):
     first = self.meter.compile_s is None
@@ -125,12 +128,25 @@ class ReportProgress:
     if first:
       logging.info('First execution (tracing and compiling included): %.1f s',
                    self.meter.compile_s)
+    self._record_curve(execution)
     if execution.crossed(self.every_steps) or execution.is_last:
       console.close_bar(self._bar)
       self._bar = None
       self._report(execution)
     else:
       self._show(execution)
+
+  def _record_curve(self, execution):
+    """Training loss points every `curve_every` steps (each step's own loss
+    comes back with the execution), so even a short run plots a curve of
+    about CURVE_POINTS points; the console keeps its own interval."""
+    losses = execution.outputs.get('step_losses')
+    if losses is None:
+      return
+    for step in range(execution.first_step + 1, execution.step + 1):
+      if step % self.curve_every == 0 or step == execution.total_steps:
+        with self.writer.as_default(step=step):
+          tf.summary.scalar('loss', losses[step - execution.first_step - 1])
 
   def _show(self, execution):
     """The live bar (terminals only) of the steps up to the next line."""
@@ -171,7 +187,6 @@ class ReportProgress:
           'see BUILD_NOTES.md "Input pipeline" for what helps.', 100 * wait)
       self._warned_input_bound = True
     with self.writer.as_default(step=execution.step):
-      tf.summary.scalar('loss', out['loss'])
       tf.summary.scalar('accuracy', out['accuracy'])
       tf.summary.scalar('learning_rate', lr)
       if rate:
@@ -181,6 +196,62 @@ class ReportProgress:
       if loss_scale is not None:
         tf.summary.scalar('loss_scale', loss_scale)
         tf.summary.scalar('skipped_steps', trainer.skipped_steps)
+
+
+def profile_window(text):
+  """config.profile_steps '' or 'START,STOP' -> None or (start, stop)."""
+  if not text:
+    return None
+  try:
+    start, stop = (int(part) for part in str(text).split(','))
+  except ValueError:
+    start = stop = -1
+  if not 0 <= start < stop:
+    raise UserError(f'profile_steps={text!r}; accepted: \'\' (off) or '
+                    'START,STOP with 0 <= START < STOP, e.g. 10,20')
+  return start, stop
+
+
+class Profile:
+  """A TensorFlow profiler trace of the executions covering steps
+  [start, stop), into the TensorBoard folder (plugins/profile/...).
+
+  An action runs after an execution, so tracing starts at the boundary
+  before the execution that reaches `start` (at once if the run starts
+  there) and stops at the first boundary at or past `stop`.
+  """
+
+  def __init__(self, start, stop, logdir, steps_per_execution, initial_step):
+    self.start, self.stop = start, stop
+    self.logdir = logdir
+    self.steps_per_execution = steps_per_execution
+    self.tracing = False
+    self.done = initial_step >= stop
+    if not self.done and initial_step + steps_per_execution > start:
+      self._begin(initial_step)
+
+  def _begin(self, step):
+    tf.profiler.experimental.start(self.logdir)
+    self.tracing = True
+    logging.info('Profiling from step %d (profile_steps %d,%d)', step,
+                 self.start, self.stop)
+
+  def __call__(self, execution):
+    if self.done:
+      return
+    if self.tracing and execution.step >= self.stop:
+      self.close()
+      logging.info('Profiled steps %d to %d: the trace is in TensorBoard\'s '
+                   'profile tab (%s)', self.start, execution.step, self.logdir)
+    elif (not self.tracing and
+          execution.step + self.steps_per_execution > self.start):
+      self._begin(execution.step)
+
+  def close(self):
+    if self.tracing:
+      tf.profiler.experimental.stop()
+      self.tracing = False
+      self.done = True
 
 
 class RolledBack(Exception):

@@ -91,17 +91,21 @@ def plan_runs(policies, seeds, global_batch_size, double_batch_16bit, root):
   return runs
 
 
-def child_command(run, forwarded_args, examples_per_epoch):
+def child_command(run, forwarded_args, examples_per_epoch, epochs=1):
   """`python -m launch.train` for one run; the comparison's settings last."""
   own = [f'--workdir={run.workdir}', f'--policy={run.policy}',
          f'--config.seed={run.seed}',
          f'--config.global_batch_size={run.global_batch_size}',
          f'--config.examples_per_epoch={examples_per_epoch}']
-  if not any(a.startswith('--config.deterministic_input')
-             for a in forwarded_args):
+  given = lambda key: any(a.startswith(f'--config.{key}')
+                          for a in forwarded_args)
+  if not given('deterministic_input'):
     # The shuffle and augmentation then follow config.seed alone, so every
     # run sees the examples in the same order.
     own.append('--config.deterministic_input=true')
+  if not given('eval_every_epochs'):
+    # Four eval points per curve, however long the runs.
+    own.append(f'--config.eval_every_epochs={epochs / 4:g}')
   return [sys.executable, '-m', 'launch.train', *forwarded_args, *own]
 
 
@@ -180,7 +184,8 @@ def run_comparison(request, config):
             f'{config.epochs} epoch(s); log {run.log_path}', flush=True)
       start = time.perf_counter()
       metrics = train_one(run, child_command(run, request.forwarded_args,
-                                             examples_per_epoch))
+                                             examples_per_epoch,
+                                             config.epochs))
       if metrics:
         rate = metrics.get('train_images_per_sec')
         print(f'{label}: done in {time.perf_counter() - start:.0f} s, '

@@ -52,7 +52,11 @@ def prepare(argv):
     # No TPU asked for: libtpu (the TPU build) would spend minutes asking a
     # GCE metadata server that is not there, logging each retry.
     os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
-  filter_native_stderr()
+  # Only in a launcher run as a program: a process that imports one (a
+  # test harness capturing stderr itself) keeps its stderr as it is.
+  if os.path.abspath(argv[0] if argv else '').startswith(
+      os.path.join(REPO, 'launch') + os.sep):
+    filter_native_stderr()
   if requested_policy(argv) == 'rewrite':
     # --policy=rewrite on a CPU is oneDNN's bfloat16 rewrite, and TensorFlow
     # leaves oneDNN off on CPUs without AVX-512. An explicit 0 is kept: the
@@ -99,10 +103,10 @@ def filter_native_stderr():
   def drain():
     # At a normal exit: close our end and let the filter finish, so its
     # last lines land before the shell's prompt.
-    os.dup2(direct, 2)
     try:
+      os.dup2(direct, 2)
       child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
+    except (OSError, subprocess.TimeoutExpired):
       pass  # A child process of ours still holds the pipe; it will end.
 
   atexit.register(drain)

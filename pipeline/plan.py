@@ -13,6 +13,7 @@ from typing import Optional
 
 from absl import logging
 
+from pipeline import actions
 from pipeline import data
 from pipeline import devices
 from pipeline import finetune
@@ -315,6 +316,10 @@ def validate(config, hardware):
     raise UserError(f'unknown lr_schedule {config.lr_schedule!r}; accepted: '
                     f'{", ".join(steps.LR_SCHEDULES)}')
   finetune.validate(config)
+  actions.profile_window(config.get('profile_steps', ''))
+  if config.get('eval_every_epochs', 0) < 0:
+    raise UserError(f'eval_every_epochs={config.eval_every_epochs} must be '
+                    '0 (only at the end) or more')
   for key in ('epochs', 'log_every_steps', 'checkpoint_every_steps',
               'keep_checkpoints', 'recovery_max_skipped_executions'):
     if config.get(key, 1) < 1:

@@ -221,7 +221,9 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
     correct_sum = tf.constant(0.0)
     wait_s = tf.constant(0.0, tf.float64)
     skipped_sum = tf.constant(0)
-    for _ in tf.range(num_steps):
+    # Each step's loss: curves with points between executions.
+    step_losses = tf.TensorArray(tf.float32, size=num_steps)
+    for index in tf.range(num_steps):
       # Stateful ops run in program order, so this brackets the fetch alone.
       start = tf.timestamp()
       batch = next(iterator)
@@ -229,7 +231,9 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
           strategy.experimental_local_results(batch))):
         wait_s += tf.timestamp() - start
       loss, correct = strategy.run(replica_step, args=batch[:2])
-      loss_sum += strategy.reduce(SUM, loss, axis=None)
+      loss = strategy.reduce(SUM, loss, axis=None)
+      step_losses = step_losses.write(index, loss)
+      loss_sum += loss
       correct_sum += strategy.reduce(SUM, correct, axis=None)
       if len(batch) > 2:  # Records the input skipped (data.py).
         skipped_sum += strategy.reduce(
@@ -240,7 +244,8 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
     steps = tf.cast(num_steps, tf.float32)
     return {'loss': loss_sum / steps,
             'accuracy': correct_sum / (steps * global_batch_size),
-            'input_wait_s': wait_s, 'skipped_records': skipped_sum}
+            'input_wait_s': wait_s, 'skipped_records': skipped_sum,
+            'step_losses': step_losses.stack()}
 
   return train
 

@@ -9,6 +9,7 @@ preemption), then evaluates, exports and writes metrics.json.
 import time
 
 from absl import logging
+import tensorflow as tf
 
 from pipeline import actions
 from pipeline import console
@@ -83,20 +84,31 @@ def _train_and_evaluate(config, plan, extra_actions):
       data.eval_input_fn(config, plan.source, batch, plan.cache))
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
+  with train_writer.as_default(step=initial_step):
+    # So overlaid runs in TensorBoard can be told apart (the Text tab).
+    tf.summary.text('plan', '\n'.join(f'- {line}'
+                                       for line in plan.describe(config)))
+    tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
+                    '\n```')
   progress = actions.ReportProgress(
       trainer, plan, config.log_every_steps, train_writer,
       mixed_labels=bool(config.get('mixup_alpha', 0.0) or
                         config.get('cutmix_alpha', 0.0)))
   evaluate = actions.Evaluate(
       trainer, eval_data, data.eval_steps(plan.source, batch),
-      plan.steps_per_epoch * config.eval_every_epochs, eval_writer,
-      listeners=[keep_best] if keep_best else [])
+      int(round(plan.steps_per_epoch * config.eval_every_epochs)),
+      eval_writer, listeners=[keep_best] if keep_best else [])
   preemption = actions.SaveOnPreemption(
       checkpointer, workdir,
       strategy=strategy if hardware.num_workers > 1 else None)
+  window = actions.profile_window(config.get('profile_steps', ''))
+  profile = (actions.Profile(*window, workdir.path('tensorboard'),
+                             plan.steps_per_execution, initial_step)
+             if window and hardware.is_chief else None)
   try:
     run_loop(trainer, iter(train_data), plan, initial_step, [
         *extra_actions,
+        *([profile] if profile else []),
         progress,
         actions.RecoverFromDivergence(
             trainer, checkpointer, config.get('recovery_max_trials', 3),
@@ -110,6 +122,8 @@ def _train_and_evaluate(config, plan, extra_actions):
     checkpointer.wait()
   finally:
     preemption.close()
+    if profile:
+      profile.close()
 
   result = metrics.run_metrics(
       config, plan, trainer, progress, final_eval, initial_step=initial_step,

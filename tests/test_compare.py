@@ -26,9 +26,11 @@ def run_compare(*args, timeout=600):
 
 
 def _tiny(root, tfds_dir, *extra):
-  return tiny_args(root, tfds_dir, '--config.epochs=1',
-                   '--config.steps_per_execution=2',
-                   '--config.log_every_steps=2', *extra)
+  # The comparison picks the eval cadence itself (four points a curve).
+  return [arg for arg in tiny_args(root, tfds_dir, '--config.epochs=1',
+                                   '--config.steps_per_execution=2',
+                                   '--config.log_every_steps=2', *extra)
+          if arg != '--config.eval_every_epochs=0']
 
 
 @pytest.fixture(scope='module')
@@ -125,10 +127,17 @@ def test_each_run_has_its_log_and_tensorboard_under_the_root(compared):
       points = compare_report.read_scalars(os.path.join(run, 'tensorboard', split),
                                     tag)
       assert points, (name, split)
-    # Steps are the run's own: the doubled batch logs half as many.
-    last_step = compare_report.read_scalars(
-        os.path.join(run, 'tensorboard', 'train'), 'loss')[-1][0]
-    assert last_step == (8 if name == 'float32' else 4)
+    # Steps are the run's own: the doubled batch takes half as many. A
+    # short run's loss curve has a point per step, not per log line, and
+    # the comparison asks for evaluations along the way, not just the last.
+    steps = 8 if name == 'float32' else 4
+    losses = compare_report.read_scalars(
+        os.path.join(run, 'tensorboard', 'train'), 'loss')
+    assert [step for step, _ in losses] == list(range(1, steps + 1))
+    evals = compare_report.read_scalars(
+        os.path.join(run, 'tensorboard', 'eval'), 'accuracy')
+    assert [step for step, _ in evals] == (
+        [2, 4, 6, 8] if name == 'float32' else [2, 4])
 
 
 @pytest.mark.slow
@@ -265,7 +274,7 @@ def test_children_get_the_overrides_and_the_comparison_settings_last(
   assert command[6:] == [
       '--workdir=/r/rewrite_seed1', '--policy=rewrite', '--config.seed=1',
       '--config.global_batch_size=128', '--config.examples_per_epoch=1408',
-      '--config.deterministic_input=true']
+      '--config.deterministic_input=true', '--config.eval_every_epochs=0.25']
   user_choice = compare.child_command(
       run, ['--config.deterministic_input=false'], 1408)
   assert user_choice.count('--config.deterministic_input=false') == 1

@@ -10,6 +10,7 @@ every execution diverges, and after N recoveries the run stops in one line.
 (One test, one workdir: each train_and_evaluate builds and traces B0 anew.)
 """
 
+import glob
 import math
 import os
 
@@ -57,6 +58,16 @@ def _check_tflite_agrees_with_the_saved_model(export_dir):
       'tflite'] == 'model.tflite'
 
 
+def _tags(folder):
+  """{tag: [steps]} of the TensorBoard events in `folder`."""
+  found = {}
+  for path in sorted(glob.glob(os.path.join(folder, 'events.out.*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        found.setdefault(value.tag, []).append(event.step)
+  return found
+
+
 def _plan(config, workdir):
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
@@ -66,7 +77,7 @@ def _plan(config, workdir):
 def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
   workdir = str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=2, keep_best_metric='eval_accuracy',
-                   export_tflite='float16')
+                   export_tflite='float16', profile_steps='2,4')
   plan = _plan(config, workdir)
   assert (plan.steps_per_epoch, plan.total_steps) == (4, 8)
   assert plan.policy == 'float32' and plan.steps_per_execution == 2
@@ -84,7 +95,8 @@ def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
 
   # Once per execution; the poisoned one rolled back to the checkpoint of
   # step 4 and the run went on from there to the end.
-  outputs = ['accuracy', 'input_wait_s', 'loss', 'skipped_records']
+  outputs = ['accuracy', 'input_wait_s', 'loss', 'skipped_records',
+             'step_losses']
   assert executions == [(0, 2, False, outputs), (2, 4, False, outputs),
                         (4, 6, False, outputs), (4, 6, False, outputs),
                         (6, 8, True, outputs)]
@@ -111,6 +123,19 @@ def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
   state = tf.train.get_checkpoint_state(checkpoints)
   assert [int(p.rsplit('-', 1)[1]) for p in
           state.all_model_checkpoint_paths] == [4, 6, 8]
+  # A profiler trace of the executions covering steps 2-4, where
+  # TensorBoard's profile tab looks.
+  assert glob.glob(os.path.join(workdir, 'tensorboard', 'plugins', 'profile',
+                                '*', '*.xplane.pb'))
+  # The plan and config as TensorBoard text; a loss point per step (a short
+  # run); the run's log in run.log (here, where absl logs warnings only:
+  # the rollback).
+  tags = _tags(os.path.join(workdir, 'tensorboard', 'train'))
+  assert {'plan', 'config'} <= set(tags)
+  assert sorted(set(tags['loss'])) == list(range(1, 9))
+  with open(os.path.join(workdir, 'run.log')) as log:
+    text = log.read()
+  assert 'training diverged at step 6 (loss nan): restored' in text
   # run.json is the plan written out; metrics.json what was returned.
   run = storage.read_json(os.path.join(workdir, 'run.json'))
   assert run['resolved'] == plan.to_json()
