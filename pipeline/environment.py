@@ -27,7 +27,16 @@ NATIVE_NOISE = re.compile('|'.join([
     r'Unable to register cu(DNN|FFT|BLAS) factory',
     r'computation placer already registered',
     r'TF-TRT Warning: Could not find TensorRT',
-    r'Failed to (get|read) .*metadata',  # libtpu off GCE.
+]))
+# What libtpu (TensorFlow's TPU build) prints when it finds no TPU: noise
+# for a run that asked for none, hidden only then.
+NO_TPU_NOISE = re.compile('|'.join([
+    r'Failed to find host bounds for accelerator type',
+    r'Logging before InitGoogle\(\) is written to STDERR',
+    r'unexpected worker hostname .* TPU_WORKER_HOSTNAMES',
+    r'=== Source Location Trace: ===',
+    r'libtpu_init_utils\.cc',
+    r'Failed to (get|read) .*metadata',
 ]))
 _filtering = []
 
@@ -56,7 +65,8 @@ def prepare(argv):
   # test harness capturing stderr itself) keeps its stderr as it is.
   if os.path.abspath(argv[0] if argv else '').startswith(
       os.path.join(REPO, 'launch') + os.sep):
-    filter_native_stderr()
+    filter_native_stderr(NATIVE_NOISE if _flag(argv, 'tpu') else re.compile(
+        f'{NATIVE_NOISE.pattern}|{NO_TPU_NOISE.pattern}'))
   if requested_policy(argv) == 'rewrite':
     # --policy=rewrite on a CPU is oneDNN's bfloat16 rewrite, and TensorFlow
     # leaves oneDNN off on CPUs without AVX-512. An explicit 0 is kept: the
@@ -77,9 +87,9 @@ for line in sys.stdin.buffer:
 """
 
 
-def filter_native_stderr():
-  """Drops NATIVE_NOISE lines that native code writes to this process's
-  stderr (file descriptor 2); every other line passes, in order.
+def filter_native_stderr(noise=NATIVE_NOISE):
+  """Drops `noise` lines that native code writes to this process's stderr
+  (file descriptor 2); every other line passes, in order.
 
   Python's own output (logging, progress bars, tracebacks, a one-line
   error) goes straight to the real stderr through a new sys.stderr, so
@@ -93,7 +103,7 @@ def filter_native_stderr():
   direct = os.dup(2)
   read_end, write_end = os.pipe()
   child = subprocess.Popen(
-      [sys.executable, '-S', '-c', _FILTER, NATIVE_NOISE.pattern],
+      [sys.executable, '-S', '-c', _FILTER, noise.pattern],
       stdin=read_end, stdout=direct, stderr=direct)
   os.close(read_end)
   os.dup2(write_end, 2)
