@@ -72,8 +72,9 @@ class Trainer:
     in inference mode, as in Keras' transfer-learning guide); the loop
     never lets an execution cross that step.
     """
-    frozen = int(self.step.numpy()) < self.frozen_steps
+    frozen = False
     if self.frozen_steps:
+      frozen = int(self.step.numpy()) < self.frozen_steps
       # Set before every call: a function (re)traces with the state it sees.
       models.backbone(self.model).trainable = not frozen
     return self._run(self.frozen_train_fn if frozen else self.train_fn,

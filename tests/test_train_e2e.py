@@ -6,6 +6,7 @@ bundled digits, through tfds, the strategy, checkpoints and export.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import tensorflow as tf
 from pipeline.errors import UserError
 
 from conftest import REPO, run_train, tiny_args, tree_digest
+from test_console import NOISE
 
 
 def _metrics(workdir):
@@ -28,7 +30,8 @@ def mirrored_run(tmp_path_factory, tfds_dir):
   """The issue's acceptance command, shrunk: 2 replicas, bfloat16, 4 steps/call."""
   workdir = str(tmp_path_factory.mktemp('mirrored'))
   result = run_train(*tiny_args(workdir, tfds_dir, '--num_cpu_devices=2',
-                                '--policy=mixed_bfloat16'))
+                                '--policy=mixed_bfloat16'),
+                     env={'TF_CPP_MIN_LOG_LEVEL': '1'})  # A user's level.
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir, result
 
@@ -52,6 +55,25 @@ def test_mirrored_bfloat16_run_reports_two_replicas(mirrored_run):
   run = json.load(open(os.path.join(workdir, 'run.json')))
   assert run['config']['global_batch_size'] == 32
   assert run['resolved']['per_replica_batch_size'] == 16
+
+
+def test_a_pipe_gets_plain_lines_without_the_noise(mirrored_run):
+  """Output into a pipe (a file, CI, a cloud job's log): no progress bar, no
+  control character, none of the start-up and library noise; the run's
+  own lines are short, and run.log has the full log."""
+  workdir, result = mirrored_run
+  text = result.stdout + result.stderr
+  assert not re.search(r'[\x00-\x08\x0b-\x1f\x7f]', text)
+  assert not NOISE.search(text), NOISE.search(text).group(0)
+  assert re.search(r'^\d\d:\d\d:\d\d step 16/16 \(epoch 2\.0\)',
+                   result.stderr, re.M)
+  with open(os.path.join(workdir, 'run.log')) as f:
+    log = f.read()
+  assert re.search(r'^I\d{4} [\d:.]+ +\d+ plan\.py:\d+\] Run: CPU', log,
+                   re.M)
+  # A library's INFO lines (tfds reading its files) are kept there.
+  assert re.search(r'^I\d{4} .* (reader|dataset_builder)\.py:\d+\] ', log,
+                   re.M)
 
 
 def test_export_loads_in_fresh_process(mirrored_run):
