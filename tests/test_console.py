@@ -19,6 +19,8 @@ import subprocess
 import sys
 import termios
 
+import pytest
+
 from conftest import REPO
 
 # The environment a user has: the tests' TF_CPP_MIN_LOG_LEVEL=2 would hide
@@ -60,6 +62,9 @@ def _args(workdir, data_dir):
           '--config.log_every_steps=8', '--config.eval_every_epochs=0']
 
 
+# A whole training run on a terminal (48 s): the slow tier keeps the fast
+# suite in 15 min; the pipe half rides on tests/test_train_e2e.py.
+@pytest.mark.slow
 def test_a_terminal_shows_the_run_and_a_live_bar(tmp_path):
   """On a pseudo-terminal, preparing the bundled data set anew: the first
   lines are the run's, a bar moves between summary lines, and none of the

@@ -28,6 +28,10 @@ def _tfrecord_flags(root):
           '--config.label_offset=1')
 
 
+# A whole training run (44 s): the slow tier keeps the fast suite in 15
+# min. TFRecord reading and skip counts are also unit-tested in
+# tests/test_data.py, and the slow fine-tuning test trains on TFRecords.
+@pytest.mark.slow
 def test_training_on_tfrecord_files(jpeg_dir, tmp_path):
   workdir = tmp_path / 'run'
   result = run_train(*_tfrecord_flags(jpeg_dir), f'--workdir={workdir}',
