@@ -370,6 +370,7 @@ class SaveOnPreemption:
     self.checkpointer.save(execution.step)
     self.checkpointer.wait()
     self.workdir.publish('tensorboard')
+    self.workdir.publish(console.LOG_FILE)
     raise Preempted(f'SIGTERM: checkpoint of step {execution.step} committed '
                     f'to {self.workdir.url}; rerun the same command to resume')
 
@@ -405,6 +406,8 @@ class SaveCheckpoints:
     with self.writer.as_default(step=execution.step):
       tf.summary.scalar('checkpoint_blocked_s', self.checkpointer.blocked_s)
     self.workdir.publish('tensorboard')
+    # With each checkpoint: a killed run's log reaches the bucket too.
+    self.workdir.publish(console.LOG_FILE)
 
 
 class Evaluate:

@@ -9,6 +9,7 @@ import json
 import os
 import uuid
 
+from google.api_core import exceptions
 import tensorflow as tf
 
 from pipeline import gcs
@@ -127,6 +128,20 @@ class Workdir:
   def write_json(self, relative, obj):
     write_json(self.path(relative), obj)
     self.publish(relative)
+
+  def fetch(self, relative):
+    """Downloads a gs:// workdir's `relative` into an empty staging copy, so
+    a run resumed on another machine appends to its log instead of
+    replacing it. Nothing happens where the file is local or absent."""
+    local = self.path(relative)
+    if not self.remote or os.path.exists(local):
+      return
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    try:
+      self.remote.download(relative, local)
+    except exceptions.NotFound:
+      if os.path.exists(local):  # What the client may leave behind.
+        os.remove(local)
 
   def publish(self, relative):
     """Uploads one file or every changed file under a directory."""

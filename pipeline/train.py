@@ -30,6 +30,7 @@ def train_and_evaluate(config, plan, extra_actions=()):
   hardware, workdir = plan.hardware, plan.workdir
   log_file = None
   if hardware.is_chief:
+    workdir.fetch(console.LOG_FILE)  # Appended to, on a resume.
     log_file = console.log_to_file(workdir.path(console.LOG_FILE))
   try:
     return _train_and_evaluate(config, plan, extra_actions)

@@ -61,6 +61,9 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
   process = _start(_args('fresh', tmp_path / 'machine-a', tfds_dir), emulator)
   try:
     _wait_for_commit(process, emulator, 'fresh')
+    while 'fresh/run.log' not in emulator.names('runs', 'fresh/'):
+      assert process.poll() is None  # Published with the checkpoint.
+      time.sleep(0.2)
   finally:
     process.kill()
     process.wait()
@@ -80,6 +83,11 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
                    'fresh/export/saved_model.pb'):
     assert expected in names
   assert any(n.startswith('fresh/tensorboard/train/events') for n in names)
+  # One log of both machines: machine-b appended to machine-a's.
+  log = emulator.client().bucket('runs').blob('fresh/run.log')
+  log = log.download_as_bytes().decode()
+  assert log.count('] Run: ') == 2 and log.count('] Resuming at step') == 1
+  assert log.index('] Saved checkpoint') < log.index('] Resuming at step')
   # Every checkpoint folder left in the bucket is committed.
   folders = {n.split('/')[2] for n in names if '/checkpoints/' in n}
   assert folders == {f'ckpt-{s}' for s in _committed_steps(emulator, 'fresh')}

@@ -60,10 +60,11 @@ def test_two_workers_train_together(tmp_path, tfds_dir):
   assert metrics['num_replicas'] == 2 and metrics['num_workers'] == 2
   digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
   assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
-  # Only the chief wrote the workdir.
+  # Only the chief wrote the workdir, its log file included.
   assert sorted(os.listdir(workdir)) == ['checkpoints', 'export',
                                          'metrics.json', 'run.json',
-                                         'tensorboard']
+                                         'run.log', 'tensorboard']
+  assert (workdir / 'run.log').read_text().count('] Done: ') == 1
 
 
 @pytest.mark.parametrize('text, problem', [
