@@ -352,8 +352,11 @@ class SaveOnPreemption:
       self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
+    # A flag and nothing else. Python runs this handler inside whatever the
+    # main thread was doing, a write to stderr included; a log line from
+    # here then fails as a reentrant write, before the flag is set, and the
+    # run trained on through its preemption.
     del frame
-    logging.warning('SIGTERM: saving a checkpoint at the next step boundary')
     self.raised = True
     signal.signal(signum, self._previous or signal.SIG_DFL)
 
@@ -362,11 +365,11 @@ class SaveOnPreemption:
     if self._any_worker:
       with trainer_lib.peers_lost_in_one_line():
         stop = bool(self._any_worker(tf.constant(float(stop))))
-      if stop and not self.raised:
-        logging.warning('Another worker got SIGTERM: saving at step %d',
-                        execution.step)
     if not stop:
       return
+    logging.warning('%s got SIGTERM: saving a checkpoint at step %d',
+                    'This run' if self.raised else 'Another worker',
+                    execution.step)
     self.checkpointer.save(execution.step)
     self.checkpointer.wait()
     self.workdir.publish('tensorboard')

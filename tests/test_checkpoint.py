@@ -1,6 +1,7 @@
 """The gs:// checkpoint commit protocol against a real GCS server on loopback."""
 
 import os
+import time
 
 import pytest
 import tensorflow as tf
@@ -201,3 +202,55 @@ def test_export_with_the_tpu_node_io_device_loads(tmp_path):
   np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
   assert storage.read_json(os.path.join(url, 'metadata.json')) == {
       'model': 'tiny', 'tflite': None}
+
+
+def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
+  """SIGTERM while the main thread is inside a write to its log stream (a
+  full pipe: the write blocks, the signal interrupts it, and Python runs
+  the handler in the middle of it). A handler that logged there failed as
+  a reentrant write before setting its flag, and the run trained on to
+  its end; this one still stops at the next boundary with a checkpoint."""
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  from pipeline import actions  # pylint: disable=g-import-not-at-top
+  from pipeline.errors import Preempted  # pylint: disable=g-import-not-at-top
+
+  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  value = tf.Variable(1.0)
+  preemption = actions.SaveOnPreemption(Checkpointer(workdir, 1, True,
+                                                     value=value), workdir)
+  read_end, write_end = os.pipe()
+  stream = os.fdopen(write_end, 'w', buffering=1)  # As the launchers' is.
+  log_to_pipe = std_logging.StreamHandler(stream)
+  logging.get_absl_logger().addHandler(log_to_pipe)
+
+  def signal_then_drain():
+    time.sleep(1.0)  # The main thread is blocked in its write by now.
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+    while os.read(read_end, 1 << 16):
+      pass
+
+  drainer = threading.Thread(target=signal_then_drain)
+  drainer.start()
+  real_stderr, sys.stderr = sys.stderr, stream  # Where logging's errors go.
+  try:
+    start = time.time()
+    for _ in range(20_000):  # Far more than a pipe holds.
+      logging.warning('a line of the run')
+    assert time.time() - start > 0.9  # It blocked until the drain.
+  finally:
+    sys.stderr = real_stderr
+    logging.get_absl_logger().removeHandler(log_to_pipe)
+    stream.close()
+    drainer.join()
+    os.close(read_end)
+  assert preemption.raised
+  with pytest.raises(Preempted, match='checkpoint of step 8 committed'):
+    preemption(actions.Execution(4, 8, 100, 1.0, {}))
+  assert tf.train.latest_checkpoint(str(tmp_path / 'run' / 'checkpoints')
+                                    ).endswith('ckpt-8')
+  preemption.close()
+  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -130,6 +130,7 @@ def test_sigterm_commits_a_final_checkpoint(emulator, tfds_dir, tmp_path):
   deadline = time.time() + 400
   while not process.stderr.readline().count('First execution'):
     assert time.time() < deadline and process.poll() is None
+  assert process.poll() is None, 'the run ended before the signal was sent'
   process.send_signal(signal.SIGTERM)
   _, stderr = process.communicate(timeout=300)
   assert process.returncode == 143, stderr[-3000:]
