@@ -354,8 +354,8 @@ class SaveOnPreemption:
   def _handle(self, signum, frame):
     # A flag and nothing else. Python runs this handler inside whatever the
     # main thread was doing, a write to stderr included; a log line from
-    # here then fails as a reentrant write, before the flag is set, and the
-    # run trained on through its preemption.
+    # here would fail there as a reentrant write, before the flag is set,
+    # and the run would train on through its preemption.
     del frame
     self.raised = True
     signal.signal(signum, self._previous or signal.SIG_DFL)
