@@ -68,6 +68,10 @@ def _same(arrays, others):
   return all(np.array_equal(a, b) for a, b in zip(arrays, others))
 
 
+# Three in-process runs (2 min in CI, 4 on a slower machine): the slow tier
+# keeps the fast suite in 15 min. Loading a backbone is covered fast in
+# test_recipe.py; freezing, thawing and resuming only here.
+@pytest.mark.slow
 def test_fine_tuning_from_a_run_freezes_thaws_and_resumes(tmp_path, tfds_dir):
   source_dir, run_dir = str(tmp_path / 'source'), str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=1, ema_decay=0.9, mixup_alpha=0.2)

@@ -56,6 +56,10 @@ def _args(prefix, staging, tfds_dir):
                    '--config.epochs=4', '--config.checkpoint_every_steps=8')
 
 
+# Three processes, two of them training (2 min in CI): the slow tier keeps
+# the fast suite in 15 min; the checkpoint protocol on the emulator is
+# covered fast in test_checkpoint.py.
+@pytest.mark.slow
 def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
     emulator, tfds_dir, tmp_path):
   process = _start(_args('fresh', tmp_path / 'machine-a', tfds_dir), emulator)
