@@ -11,17 +11,45 @@ import re
 import sys
 
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
 import tensorflow as tf
 
 from pipeline import plan
 from pipeline import precision
+from pipeline import validation
+from pipeline.errors import UserError
 from pipeline.errors import first_line
 
 
 def _config_path(argv):
-  paths = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
+  """The config file argv names (--config=FILE or --config FILE)."""
+  paths = [a.split('=', 1)[1] if '=' in a else argv[i + 1]
+           for i, a in enumerate(argv)
+           if a.startswith('--config=') or (a == '--config' and
+                                            i + 1 < len(argv))]
   return paths[-1] if paths else 'configs/default.py'
+
+
+class _CompletingParser(flags.ArgumentParser):
+  """ml_collections' config-file parser, then the keys the file omits
+  filled from configs/default.py (before --config.KEY=VALUE overrides
+  apply, so those keys can be overridden too)."""
+
+  def __init__(self, loader):
+    self._loader = loader
+
+  def parse(self, argument):
+    config = self._loader.parse(argument)
+    if not isinstance(config, ml_collections.ConfigDict):
+      return config  # ml_collections' stand-in for a file that did not load.
+    config = validation.complete(config,
+                                 source=f'config file {argument!r}')
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return self._loader.flag_type()
 
 
 def config_error(error, argv):
@@ -47,8 +75,12 @@ def parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    sys.exit(f'FATAL Flags parsing error: {e}\n'
-             'Pass --helpshort or --helpfull to see help on flags.')
+    # A validator's message names its flag itself: absl's prefix (the
+    # parsed value, as a Python list) would only repeat it.
+    text = re.sub(r'^flag --(\w+)=.*?: (?=--\1\b)', '', str(e))
+    sys.exit(f'error: {text} (--helpshort lists the flags)')
+  except UserError as e:  # A key the config file has and the default lacks.
+    sys.exit(f'error: {e}')
   except (AttributeError, KeyError, OSError, SyntaxError) as e:
     sys.exit('error: ' + config_error(e, argv))
   except Exception as e:  # pylint: disable=broad-except
@@ -65,6 +97,8 @@ try:
       'config', _DEFAULT_CONFIG,
       'Config file; override fields with --config.KEY=VALUE.',
       lock_config=True)
+  flags.FLAGS['config'].parser = _CompletingParser(
+      flags.FLAGS['config'].parser)
 except (AttributeError, KeyError, OSError) as e:
   sys.exit('error: ' + config_error(e, sys.argv))
 WORKDIR = flags.DEFINE_string(
@@ -83,25 +117,26 @@ TPU_RUNTIME_VERSION = flags.DEFINE_string(
 GPUS = flags.DEFINE_string(
     'gpus', '', "GPUs for the MirroredStrategy, by index or name, e.g. '0,2'; "
     'empty: all visible GPUs.')
-POLICY = flags.DEFINE_enum('policy', 'auto', precision.POLICIES,
+POLICY = flags.DEFINE_enum('policy', plan.Request.policy, precision.POLICIES,
                            'Precision policy; auto picks one per device.')
-XLA = flags.DEFINE_enum('xla', 'auto', ['auto', 'on', 'off'],
+XLA = flags.DEFINE_enum('xla', plan.Request.xla, ['auto', 'on', 'off'],
                         'XLA compilation of the training step.')
 COLLECTIVE = flags.DEFINE_enum(
-    'collective', 'auto', ['auto', 'ring', 'nccl'],
+    'collective', plan.Request.collective, ['auto', 'ring', 'nccl'],
     'All-reduce implementation across workers (TF_CONFIG runs): auto picks '
     'NCCL on GPUs, ring otherwise.')
 COLLECTIVE_TIMEOUT_S = flags.DEFINE_float(
-    'collective_timeout_s', 300.0,
+    'collective_timeout_s', plan.Request.collective_timeout_s,
     'A collective that waits longer for another worker fails the run.')
 DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Resolve and check everything (hardware, policy, data, '
     'workdir access), print it, and stop before building the model.')
 STAGING_DIR = flags.DEFINE_string(
-    'staging_dir', '/tmp/pipeline-staging',
+    'staging_dir', plan.Request.staging_dir,
     'Local copy of a gs:// workdir: files are written here, then uploaded.')
 NUM_CPU_DEVICES = flags.DEFINE_integer(
-    'num_cpu_devices', 1, 'Split the host CPU into this many logical devices '
+    'num_cpu_devices', plan.Request.num_cpu_devices,
+    'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
     'accelerators.')
 ALLOW_CPU = flags.DEFINE_bool(
@@ -113,11 +148,40 @@ HARDWARE_FLAGS = (TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
                   NUM_CPU_DEVICES, ALLOW_CPU)
 
 
+def define_policy_list(name, default, help_text, required=True,
+                       flag_values=flags.FLAGS):
+  """A comma-list flag of precision policies to run side by side, checked
+  by absl as it parses: known names, no 'auto', none twice; empty only if
+  not `required`."""
+  accepted = ', '.join(p for p in precision.POLICIES if p != 'auto')
+
+  def check(names):
+    if not names and required:
+      raise flags.ValidationError(f'--{name} names no policy; accepted: '
+                                  f'{accepted}')
+    for policy in names:
+      if policy == 'auto':
+        raise flags.ValidationError(
+            f"--{name}: 'auto' picks a different policy per device; name "
+            f'the policies; accepted: {accepted}')
+      if policy not in precision.POLICIES:
+        raise flags.ValidationError(f'--{name}: unknown policy {policy!r}; '
+                                    f'accepted: {accepted}')
+    if len(set(names)) < len(names):
+      raise flags.ValidationError(f'--{name} names a policy twice')
+    return True
+
+  holder = flags.DEFINE_list(name, default, f'{help_text} Accepted: '
+                             f'{accepted}.', flag_values=flag_values)
+  flags.register_validator(name, check, flag_values=flag_values)
+  return holder
+
+
 def load_config():
   """The --config ConfigDict, or a one-line exit if its file did not load."""
   try:
     config = CONFIG.value
-    config.get('model')  # A lazy value raises here if the file failed.
+    config.model  # pylint: disable=pointless-statement  # ml_collections' stand-in for a file that did not load raises here.
   except OSError as e:
     sys.exit('error: ' + config_error(e, sys.argv))
   return config

@@ -26,6 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
+from pipeline import console
 from pipeline import evaluation
 from pipeline import plan as plan_lib
 from pipeline.errors import UserError
@@ -46,6 +47,7 @@ FOLLOW_TIMEOUT_S = flags.DEFINE_float(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  console.setup()  # Own lines and warnings; other libraries' INFO kept out.
   cli.load_config()
   try:
     if not cli.WORKDIR.value:

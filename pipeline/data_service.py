@@ -21,27 +21,7 @@ Skipped-record counts travel inside the batches (data.py), so they hold on
 the workers too.
 """
 
-import re
-
 import tensorflow as tf
-
-from pipeline.errors import UserError
-
-_ADDRESS = re.compile(r'^grpc://[^:/\s]+:\d+$')
-
-
-def validate(config):
-  """One line for a data_service value that cannot work; '' is off."""
-  address = config.get('data_service', '')
-  if not address:
-    return
-  if not _ADDRESS.match(address):
-    raise UserError(f'data_service={address!r}; expected grpc://HOST:PORT of '
-                    "a dispatcher (python -m launch.data_service), or '' (off)")
-  if config.deterministic_input:
-    raise UserError('deterministic_input=True cannot hold through '
-                    'data_service: batches arrive in whatever order the '
-                    'workers make them; set one or the other')
 
 
 def distribute(dataset, address, job_name):

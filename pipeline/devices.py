@@ -124,6 +124,11 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
   return Hardware(tf.distribute.get_strategy(), 'CPU', detail='host CPU')
 
 
+# The first GPU's device file: where the driver is loaded but nvidia-smi is
+# not on PATH (some container images), it alone shows a GPU.
+NVIDIA_DEVICE_FILE = '/dev/nvidia0'
+
+
 def nvidia_gpus():
   """How many GPUs the NVIDIA driver lists (`nvidia-smi -L`); 1 where only
   /dev/nvidia0 shows one; 0 without either."""
@@ -135,7 +140,7 @@ def nvidia_gpus():
       return count
   except (OSError, subprocess.SubprocessError):
     pass
-  return int(os.path.exists('/dev/nvidia0'))
+  return int(os.path.exists(NVIDIA_DEVICE_FILE))
 
 
 def check_no_unusable_gpus():

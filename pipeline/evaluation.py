@@ -14,13 +14,13 @@ import re
 import time
 
 from absl import logging
-import ml_collections
 import numpy as np
 import tensorflow as tf
 
 from pipeline import data
 from pipeline import storage
 from pipeline import trainer as trainer_lib
+from pipeline import validation
 from pipeline.checkpoint import Checkpointer
 from pipeline.errors import UserError
 
@@ -32,18 +32,16 @@ _PAIRS = 20  # Otherwise: the most-confused (true, predicted) pairs.
 def run_config(url, staging_dir, overrides):
   """The config a run trained with (its run.json), with `overrides` on top.
 
-  Returns (config, the run's resolved policy).
+  Returns (config, the run's resolved policy). `overrides` are
+  --config.KEY=VALUE values, whose keys the flag parser already checked.
   """
   saved = storage.Workdir(url, staging_dir).read_json('run.json')
   if not saved:
     raise UserError(f'{url} holds no run (no run.json); pass the --workdir '
                     'of a run of launch.train')
-  config = ml_collections.ConfigDict(saved['config'])
-  for key, value in overrides.items():
-    if key not in config:
-      raise UserError(f'unknown config key {key!r}; the keys are those of '
-                      f'{url}/run.json')
-    config[key] = value
+  # A run.json from before a key existed gets that key's default.
+  config = validation.complete(dict(saved['config'], **overrides),
+                               source=f'{url}/run.json')
   return config, saved['resolved']['policy']
 
 

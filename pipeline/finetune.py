@@ -24,6 +24,7 @@ import tensorflow as tf
 from pipeline import ema as ema_lib
 from pipeline import models
 from pipeline import storage
+from pipeline import validation
 from pipeline.checkpoint import Checkpointer
 from pipeline.errors import UserError
 from pipeline.errors import first_line
@@ -31,25 +32,11 @@ from pipeline.errors import first_line
 _WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')
 
 
-def validate(config):
-  """A one-line UserError for fine-tuning settings that cannot work."""
-  init_from = config.get('init_from', '')
-  freeze = config.get('freeze_backbone_epochs', 0)
-  if freeze < 0:
-    raise UserError(f'freeze_backbone_epochs={freeze} must be 0 or more')
-  if freeze and not init_from:
-    raise UserError(f'freeze_backbone_epochs={freeze} needs --config.'
-                    'init_from: a frozen random backbone learns nothing')
-  if freeze and freeze >= config.epochs:
-    raise UserError(f'freeze_backbone_epochs={freeze} leaves no epoch of '
-                    f'the {config.epochs} to train the whole model; use fewer')
-
-
 def check_source(config, staging_dir):
   """For a run that starts now: a one-line UserError if `init_from` names a
   weights file that is not there, or a folder that holds no run of this
   model (found before anything is built, so --dry_run says so too)."""
-  init_from = config.get('init_from', '')
+  init_from = config.init_from
   if not init_from or init_from == 'imagenet':
     return
   if _WEIGHTS_FILE.search(init_from):
@@ -120,6 +107,14 @@ def _published(config):
         'elsewhere and pass its path as --config.init_from=PATH') from None
 
 
+def published_file(model):
+  """The name Keras 3 gives `model`'s published headless ImageNet weights
+  (the network's own name + '_notop.h5': efficientnetb0_notop.h5,
+  efficientnetv2-b0_notop.h5)."""
+  family, size = model.split('_')
+  return f'{family}{"-" if family.endswith("v2") else ""}{size}_notop.h5'
+
+
 def _from_file(config, path):
   check_source(config, '')
   with tempfile.TemporaryDirectory() as folder:
@@ -132,21 +127,21 @@ def _from_file(config, path):
     except (ValueError, OSError) as e:
       raise UserError(f'init_from={path!r} does not load into the headless '
                       f'{config.model} ({first_line(e)}); pass weights of '
-                      'that network, e.g. Keras\' '
-                      f'{config.model.replace("_", "")}_notop.h5') from None
+                      f"that network, e.g. Keras' {published_file(config.model)}"
+                      ) from None
 
 
 def _from_run(config, url, target, staging_dir):
   """The backbone of another run's newest committed checkpoint."""
   workdir, saved = _source_run(config, url, staging_dir)
-  theirs = saved['config']
+  theirs = validation.complete(saved['config'], source=f'{url}/run.json')
   # Their head (their classes) is restored and dropped; only the backbone
   # is copied, at any image size (no weight depends on it).
-  source = models.build_model(theirs['model'],
+  source = models.build_model(theirs.model,
                               saved['resolved']['num_classes'],
                               config.image_size)
-  average = (ema_lib.MovingAverage(source, theirs['ema_decay'])
-             if theirs.get('ema_decay') else None)
+  average = (ema_lib.MovingAverage(source, theirs.ema_decay)
+             if theirs.ema_decay else None)
   trackables = dict(model=source, **({'ema': average.trackable}
                                      if average else {}))
   checkpointer = Checkpointer(workdir, 1, is_chief=False, **trackables)
@@ -164,5 +159,5 @@ def _from_run(config, url, target, staging_dir):
 
 def frozen_steps(config, steps_per_epoch):
   """Steps that train the head alone."""
-  return int(round(config.get('freeze_backbone_epochs', 0) * steps_per_epoch))
+  return int(round(config.freeze_backbone_epochs * steps_per_epoch))
 

@@ -10,7 +10,6 @@ layer, `backbone(model)`: what fine-tuning loads and freezes.
 
 import keras
 
-from pipeline.errors import UserError
 
 MODELS = {
     **{f'efficientnet_b{i}': getattr(keras.applications, f'EfficientNetB{i}')
@@ -36,11 +35,6 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
   `weights`: None (random), 'imagenet' (Keras downloads its published
   headless weights) or a local weights file of the same headless network.
   """
-  if name not in MODELS:
-    raise UserError(f'unknown model {name!r}; accepted: {", ".join(MODELS)}')
-  if image_size < 32:
-    raise UserError(f'image_size={image_size} is too small for EfficientNet; '
-                    'use 32 or more')
   images = keras.Input((image_size, image_size, 3), dtype='uint8', name='image')
   # Rescaling(1) only casts uint8 to the policy's compute dtype on the device.
   x = keras.layers.Rescaling(1.0, name='to_float')(images)
@@ -64,8 +58,6 @@ def set_drop_connect_rate(network, rate):
   when it runs: scaling those rates keeps keras.applications' linear growth
   with depth. Headless, the network has no other Dropout layer.
   """
-  if not 0.0 <= rate < 1.0:
-    raise UserError(f'drop_connect_rate={rate} must be in [0, 1)')
   for layer in network.layers:
     if isinstance(layer, keras.layers.Dropout):
       layer.rate = layer.rate * rate / BUILT_DROP_CONNECT_RATE

@@ -13,15 +13,14 @@ from typing import Optional
 
 from absl import logging
 
-from pipeline import actions
-from pipeline import data
+from pipeline import cache as cache_lib
 from pipeline import devices
 from pipeline import finetune
 from pipeline import models
 from pipeline import precision
 from pipeline import sources
-from pipeline import steps
 from pipeline import storage
+from pipeline import validation
 from pipeline.errors import UserError
 
 # Fields that must match for a workdir's checkpoints to be restorable.
@@ -42,7 +41,7 @@ class Request:
   gpus: str = ''
   num_cpu_devices: int = 1
   collective: str = 'auto'
-  collective_timeout_s: Optional[float] = None
+  collective_timeout_s: float = 300.0  # Bounds every collective.
   allow_cpu: bool = False  # Train on the CPU beside unusable NVIDIA GPUs.
 
   def find_hardware(self):
@@ -67,7 +66,7 @@ class Plan:
   steps_per_epoch: int
   total_steps: int
   workdir: Optional[storage.Workdir]
-  cache: str = 'decoded'  # data.choose_cache's kind: none, decoded, encoded.
+  cache: str = 'decoded'  # cache.choose's kind: none, decoded, encoded.
   cache_reason: str = ''
   frozen_steps: int = 0  # Fine-tuning: steps that train the head alone.
 
@@ -150,24 +149,24 @@ class Plan:
         f'{config.augment}{_mixing(config)}'
         + (f'; training input from tf.data service {config.data_service} '
            '(sharding OFF: each worker streams the whole set)'
-           if config.get('data_service', '') else ''),
+           if config.data_service else ''),
         self._recipe(config),
     ]
 
   def _recipe(self, config):
     """The model and optimisation choices, in one line."""
-    accumulation = config.get('gradient_accumulation_steps', 1)
-    ema_decay = config.get('ema_decay', 0.0)
+    accumulation = config.gradient_accumulation_steps
+    ema_decay = config.ema_decay
     return (
         f'Recipe: {config.model}, stochastic depth '
-        f'{config.get("drop_connect_rate", 0.2):g}; {config.optimizer}, '
-        f'{config.get("lr_schedule", "cosine")} schedule'
+        f'{config.drop_connect_rate:g}; {config.optimizer}, '
+        f'{config.lr_schedule} schedule'
         + (f'; {accumulation} micro-batches of '
            f'{self.global_batch_size // accumulation} per update (steps '
            'count updates)' if accumulation > 1 else '')
         + (f'; moving average {ema_decay:g} (evaluated and exported)'
            if ema_decay else '; no moving average')
-        + f'; {finetune.describe(config.get("init_from", ""))}'
+        + f'; {finetune.describe(config.init_from)}'
         + (f', backbone frozen for the first {self.frozen_steps} steps'
            if self.frozen_steps else ''))
 
@@ -186,12 +185,11 @@ def resolve(config, request, hardware=None):
   xla, xla_reason = choose_xla(request.xla, hardware, resolved_precision.policy)
   steps_per_execution, steps_reason = choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind)
-  validate(config, hardware)
-  data.validate(config)
+  validation.validate(config, hardware.num_replicas, models.MODELS)
   workdir = _open_workdir(config, request, hardware)
   source = sources.load_source(config)
-  cache, cache_reason = data.choose_cache(config, source)
-  steps_per_epoch = epoch_steps(config.get('examples_per_epoch', 0),
+  cache, cache_reason = cache_lib.choose(config, source)
+  steps_per_epoch = epoch_steps(config.examples_per_epoch,
                                 source.num_train_examples,
                                 config.global_batch_size)
   plan = Plan(
@@ -240,8 +238,8 @@ def _check_same_run(workdir, config):
 
 
 def _mixing(config):
-  mixes = [f'{name} {config.get(f"{name}_alpha", 0.0):g}'
-           for name in ('mixup', 'cutmix') if config.get(f'{name}_alpha', 0.0)]
+  mixes = [f'{name} {config[f"{name}_alpha"]:g}'
+           for name in ('mixup', 'cutmix') if config[f'{name}_alpha']]
   return (f'; {" or ".join(mixes)} per batch (training accuracy is against '
           'the dominant label)' if mixes else '')
 
@@ -277,67 +275,10 @@ _AUTO_STEPS_PER_EXECUTION = {'TPU': 100, 'GPU': 8, 'CPU': 8}
 
 def choose_steps_per_execution(requested, device_kind):
   """Returns (steps, reason): `requested` if 1 or more, 0 picks per device."""
-  if requested < 0:
-    raise UserError(f'steps_per_execution={requested} must be 1 or more, or '
-                    '0 to pick one for the device')
   if requested:
     return requested, 'set in the config'
   return (_AUTO_STEPS_PER_EXECUTION[device_kind],
           f'auto for {device_kind}: 100 on TPU, 8 on CPU and GPU')
-
-
-def validate(config, hardware):
-  """Raises a one-line UserError for config values that cannot run."""
-  replicas = hardware.num_replicas
-  if config.global_batch_size < 1 or config.global_batch_size % replicas:
-    raise UserError(f'global_batch_size={config.global_batch_size} does not '
-                    f'split over {replicas} replicas; use a multiple of '
-                    f'{replicas}')
-  accumulation = config.get('gradient_accumulation_steps', 1)
-  if accumulation < 1 or config.global_batch_size % (replicas * accumulation):
-    raise UserError(
-        f'gradient_accumulation_steps={accumulation} must be 1 or more and '
-        f'split each replica\'s share of global_batch_size='
-        f'{config.global_batch_size} ({replicas} replica(s)) into equal '
-        'micro-batches')
-  if not 0.0 <= config.get('ema_decay', 0.0) < 1.0:
-    raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 is '
-                    'off, 0.9999 is tensorflow/tpu\'s')
-  for key in ('mixup_alpha', 'cutmix_alpha', 'l2_weight_decay'):
-    if config.get(key, 0.0) < 0:
-      raise UserError(f'{key}={config[key]} must be 0 (off) or more')
-  if not 0.0 <= config.get('drop_connect_rate', 0.2) < 1.0:
-    raise UserError(f'drop_connect_rate={config.drop_connect_rate} must be '
-                    'in [0, 1)')
-  if config.optimizer not in steps.OPTIMIZERS:
-    raise UserError(f'unknown optimizer {config.optimizer!r}; accepted: '
-                    f'{", ".join(steps.OPTIMIZERS)}')
-  if config.get('lr_schedule', 'cosine') not in steps.LR_SCHEDULES:
-    raise UserError(f'unknown lr_schedule {config.lr_schedule!r}; accepted: '
-                    f'{", ".join(steps.LR_SCHEDULES)}')
-  finetune.validate(config)
-  actions.profile_window(config.get('profile_steps', ''))
-  if config.get('eval_every_epochs', 0) < 0:
-    raise UserError(f'eval_every_epochs={config.eval_every_epochs} must be '
-                    '0 (only at the end) or more')
-  for key in ('epochs', 'log_every_steps', 'checkpoint_every_steps',
-              'keep_checkpoints', 'recovery_max_skipped_executions'):
-    if config.get(key, 1) < 1:
-      raise UserError(f'{key}={config[key]} must be 1 or more')
-  if config.get('keep_best_metric', '') not in ('', 'eval_accuracy',
-                                                'eval_loss'):
-    raise UserError(f'keep_best_metric={config.keep_best_metric!r}; accepted: '
-                    "'' (off), eval_accuracy, eval_loss")
-  if config.get('export_tflite', '') not in ('', 'float32', 'float16'):
-    raise UserError(f'export_tflite={config.export_tflite!r}; accepted: '
-                    "'' (off), float32, float16")
-  if config.get('recovery_max_trials', 0) < 0:
-    raise UserError(f'recovery_max_trials={config.recovery_max_trials} must '
-                    'be 0 or more')
-  if config.model not in models.MODELS:
-    raise UserError(f'unknown model {config.model!r}; accepted: '
-                    f'{", ".join(models.MODELS)}')
-  data.validate(config)
 
 
 def epoch_steps(requested_examples, num_train_examples, global_batch_size):

@@ -3,14 +3,12 @@
 import glob
 import importlib
 import os
-import types
 
 import pytest
 
 from conftest import REPO
-from pipeline import data
 from pipeline import models
-from pipeline import plan
+from pipeline import validation
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in
                  glob.glob(os.path.join(REPO, 'configs', '*.py'))
@@ -29,8 +27,7 @@ def test_the_issue_keys_exist_in_the_default():
 def test_config_is_valid(name):
   config = importlib.import_module(f'configs.{name}').get_config()
   assert config.model in models.MODELS
-  assert config.augment in data.AUGMENTATIONS
   assert config.global_batch_size % 8 == 0  # Splits over 8 TPU cores or GPUs.
   assert config.image_size >= 32
   # Every value passes the checks a run makes before it builds anything.
-  plan.validate(config, types.SimpleNamespace(num_replicas=8))
+  validation.validate(config, 8, models.MODELS)

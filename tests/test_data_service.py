@@ -18,7 +18,6 @@ from pipeline import data
 from pipeline import data_service
 from pipeline import sources
 from pipeline import tfrecords
-from pipeline.errors import UserError
 from tests.conftest import REPO
 from tests.conftest import run_train
 from tests.conftest import tiny_args
@@ -69,18 +68,6 @@ def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
   assert skipped in (1, 2)
   # Both workers run the job (else the pipeline ran here).
   assert [w._num_tasks() for w in workers] == [1, 1]  # pylint: disable=protected-access
-
-
-@pytest.mark.parametrize('overrides, message', [
-    (dict(data_service='localhost:5050'), 'expected grpc://HOST:PORT'),
-    (dict(data_service='grpc://localhost:5050', deterministic_input=True),
-     'deterministic_input=True cannot hold through data_service'),
-])
-def test_bad_data_service_settings_are_one_line(overrides, message):
-  config = default.get_config()
-  config.update(overrides)
-  with pytest.raises(UserError, match=message):
-    data.validate(config)
 
 
 @pytest.mark.slow

@@ -91,16 +91,13 @@ def test_model_outputs_float32_under_every_policy(policy):
     probabilities = models.with_softmax(model)(images)
     assert logits.dtype == 'float32' and probabilities.dtype == 'float32'
     np.testing.assert_allclose(np.sum(probabilities, -1), 1.0, rtol=1e-5)
-    # The backbone really computes in the policy's dtype.
+    # The backbone really computes in 16 bits where the policy says so.
     backbone = next(l for l in model.layers if isinstance(l, keras.Model))
-    assert backbone.compute_dtype == precision.compute_dtype(policy)
+    assert backbone.compute_dtype == {
+        'float32': 'float32', 'mixed_float16': 'float16', 'float16': 'float16',
+        'mixed_bfloat16': 'bfloat16', 'bfloat16': 'bfloat16'}[policy]
   finally:
     keras.mixed_precision.set_global_policy('float32')
-
-
-def test_unknown_model_is_rejected():
-  with pytest.raises(UserError, match=r"'efficientnet_b9'.*efficientnet_b7"):
-    models.build_model('efficientnet_b9', 10, 32)
 
 
 # Trains the project's compiled multi-step function on a small conv net,

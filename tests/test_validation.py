@@ -1,0 +1,129 @@
+"""configs/default.py is the one home of every default; validation.py the one
+place each field is checked.
+
+A config file that omits keys, and a run.json written before a key existed,
+get those keys from the default; a key the default lacks is one line. Every
+bad value is one UserError naming the field and what is accepted.
+"""
+
+import json
+import os
+import re
+
+import pytest
+
+from configs import default
+from conftest import REPO
+from conftest import run_module
+from pipeline import evaluation
+from pipeline import models
+from pipeline import validation
+from pipeline.errors import UserError
+
+
+def _checked(**fields):
+  config = default.get_config()
+  config.update(fields)
+  validation.validate(config, num_replicas=2, model_names=models.MODELS)
+
+
+def test_the_default_config_passes():
+  _checked()
+
+
+def test_no_default_outside_configs_default():
+  """No `config.get(key, default)` in the library or the launchers: a
+  default there could disagree with configs/default.py (as five did)."""
+  found = []
+  for folder in ('pipeline', 'launch'):
+    for name in sorted(os.listdir(os.path.join(REPO, folder))):
+      if name.endswith('.py'):
+        with open(os.path.join(REPO, folder, name)) as f:
+          found += [f'{folder}/{name}: {line.strip()}' for line in f
+                    if re.search(r'config\.get\(', line)]
+  assert not found, found
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(global_batch_size=63), 'global_batch_size=63 does not split over 2 '
+     'replicas'),
+    (dict(gradient_accumulation_steps=3), 'gradient_accumulation_steps=3 must '
+     'be 1 or more and split'),
+    (dict(steps_per_execution=-1), 'steps_per_execution=-1 must be 1 or more, '
+     'or 0'),
+    (dict(examples_per_epoch=-64), 'examples_per_epoch=-64 must be 0'),
+    (dict(model='efficientnet_b9'), "unknown model 'efficientnet_b9'; "
+     'accepted: efficientnet_b0'),
+    (dict(image_size=16), 'image_size=16 is too small'),
+    (dict(optimizer='adam'), "unknown optimizer 'adam'; accepted: adamw, sgd, "
+     'rmsprop'),
+    (dict(lr_schedule='linear'), "unknown lr_schedule 'linear'; accepted: "
+     'cosine, exponential'),
+    (dict(ema_decay=1.0), r'ema_decay=1.0 must be in \[0, 1\)'),
+    (dict(drop_connect_rate=1.5), r'drop_connect_rate=1.5 must be in \[0, 1\)'),
+    (dict(mixup_alpha=-0.1), 'mixup_alpha=-0.1 must be 0 or more'),
+    (dict(base_learning_rate=0.0), 'base_learning_rate=0.0 must be more than 0'),
+    (dict(freeze_backbone_epochs=1.0), 'freeze_backbone_epochs=1.0 needs '
+     '--config.init_from'),
+    (dict(augment='flip'), "unknown augment 'flip'; accepted: none"),
+    (dict(data_service='localhost:5050'), 'expected grpc://HOST:PORT'),
+    (dict(data_service='grpc://localhost:5050', deterministic_input=True),
+     'deterministic_input=True cannot hold through data_service'),
+    (dict(epochs=0), 'epochs=0 must be 1 or more'),
+    (dict(keep_checkpoints=0), 'keep_checkpoints=0 must be 1 or more'),
+    (dict(recovery_max_trials=-1), 'recovery_max_trials=-1 must be 0 or more'),
+    (dict(eval_every_epochs=-1.0), 'eval_every_epochs=-1.0 must be 0'),
+    (dict(keep_best_metric='accuracy'), "unknown keep_best_metric 'accuracy'"),
+    (dict(export_tflite='int8'), "unknown export_tflite 'int8'"),
+    (dict(profile_steps='5'), "profile_steps='5'; accepted: '' \\(off\\) or "
+     'START,STOP'),
+])
+def test_a_bad_value_is_one_line_naming_it(fields, message):
+  with pytest.raises(UserError, match=message):
+    _checked(**fields)
+
+
+def test_a_config_that_omits_keys_gets_the_defaults():
+  config = validation.complete({'epochs': 3, 'model': 'efficientnet_b1'})
+  expected = default.get_config()
+  expected.update(epochs=3, model='efficientnet_b1')
+  assert config.to_dict() == expected.to_dict()
+
+
+def test_a_key_the_default_lacks_is_one_line():
+  with pytest.raises(UserError, match="unknown config key 'epoch' in my.py; "
+                     'the keys are the fields of configs/default.py'):
+    validation.complete({'epoch': 3}, source='my.py')
+
+
+def test_a_run_json_from_before_a_key_existed_still_reads(tmp_path):
+  """What launch.evaluate and init_from read: an old run.json without
+  ema_decay and recovery_max_trials (keys added later) completes with
+  configs/default.py's values, and --config overrides apply on top."""
+  saved = default.get_config().to_dict()
+  del saved['ema_decay'], saved['recovery_max_trials']
+  saved['epochs'] = 7
+  (tmp_path / 'run.json').write_text(json.dumps(
+      {'config': saved, 'resolved': {'policy': 'mixed_bfloat16'}}))
+  config, policy = evaluation.run_config(str(tmp_path), str(tmp_path / 'st'),
+                                         {'eval_split': 'train[:10]'})
+  assert policy == 'mixed_bfloat16'
+  assert (config.epochs, config.eval_split) == (7, 'train[:10]')
+  assert config.ema_decay == default.get_config().ema_decay == 0.0
+  assert config.recovery_max_trials == 3
+
+
+def test_a_config_file_that_omits_keys_runs_and_takes_overrides(tmp_path,
+                                                               tfds_dir):
+  """Through the launcher: the file sets two keys; the run takes every
+  other one from the default, and an override of a key the file omits."""
+  path = tmp_path / 'short.py'
+  path.write_text('import ml_collections\n\ndef get_config():\n  return '
+                  'ml_collections.ConfigDict({"epochs": 3, "seed": 4})\n')
+  result = run_module('launch.train', f'--config={path}', '--dry_run',
+                      f'--workdir={tmp_path / "run"}',
+                      f'--config.data_dir={tfds_dir}',
+                      '--config.global_batch_size=32')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert ('66 steps' not in result.stderr and
+          '132 steps (3 epochs of 44)' in result.stderr), result.stderr[-2000:]
