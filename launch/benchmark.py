@@ -11,12 +11,13 @@
   # First run on new hardware: which policy and XLA setting is fastest here.
   python -m launch.benchmark --policies=float32,mixed_float16,mixed_bfloat16
 
-Prints a table and writes it as JSON (--output). Same hardware and config
+Prints a table and writes it as JSON (--output, default under runs/). Same hardware and config
 flags as launch.train.
 """
 
-import json
+import os
 import sys
+import time
 
 from pipeline import environment
 
@@ -27,22 +28,31 @@ from absl import app
 from absl import flags
 
 from launch import cli
+from pipeline import console
 from pipeline import benchmark
+from pipeline import benchmark_report
 from pipeline import plan
+from pipeline import storage
 from pipeline.errors import UserError
 
 _EXECUTIONS = flags.DEFINE_integer(
     'num_executions', 5, 'Timed calls of steps_per_execution steps each.')
-_OUTPUT = flags.DEFINE_string('output', 'benchmark.json', 'Where the JSON goes.')
+_OUTPUT = flags.DEFINE_string(
+    'output', None, 'Where the JSON goes; default: '
+    'runs/benchmark-YYYYMMDD-HHMMSS.json.')
 _INPUT_ONLY = flags.DEFINE_bool(
     'input_only', False, 'Measure the input pipeline alone (no model).')
-_POLICIES = flags.DEFINE_list(
+_POLICIES = cli.define_policy_list(
     'policies', [], 'Sweep instead: train a few executions on a synthetic '
     'batch for each of these policies (and each XLA setting valid here) and '
     'print images/s, compile time and the fastest, e.g. '
-    'float32,mixed_float16,mixed_bfloat16.')
+    'float32,mixed_float16,mixed_bfloat16.', required=False)
 _XLA_SETTINGS = flags.DEFINE_list(
-    'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try.')
+    'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try '
+    '(off, on).')
+flags.register_validator(
+    'xla_settings', lambda settings: set(settings) <= {'off', 'on'},
+    '--xla_settings takes off, on or both')
 _TARGET = flags.DEFINE_float(
     'target_images_per_sec', 0,
     'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
@@ -52,24 +62,27 @@ _TARGET = flags.DEFINE_float(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  console.setup()  # Own lines and warnings; other libraries' INFO kept out.
   config = cli.load_config()
   try:
     request = cli.request(config, workdir_default=False)
     if _POLICIES.value:
       result = benchmark.sweep(config, request, _POLICIES.value,
                                _XLA_SETTINGS.value, _EXECUTIONS.value)
-      text = benchmark.sweep_table(result)
+      text = benchmark_report.sweep_table(result)
     else:
       result = benchmark.run(config, plan.resolve(config, request),
                              _EXECUTIONS.value, _INPUT_ONLY.value,
                              _TARGET.value)
-      text = benchmark.table(result)
+      text = benchmark_report.table(result)
   except UserError as e:
     sys.exit(f'error: {e}')
   print(text)
-  with open(_OUTPUT.value, 'w') as f:
-    json.dump(result, f, indent=2)
-  print(f'written to {_OUTPUT.value}')
+  output = _OUTPUT.value or os.path.join(
+      'runs', time.strftime('benchmark-%Y%m%d-%H%M%S.json'))
+  os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
+  storage.write_json(output, result)
+  print(f'written to {output}')
 
 
 if __name__ == '__main__':

@@ -2,8 +2,9 @@
 
 After every compiled execution the loop hands an `Execution` to each action
 in turn; an action decides from it whether its time has come (an interval
-crossed, the last step) and does its work: report progress, recover from
-divergence, save on preemption, save a checkpoint, evaluate. A new kind of
+crossed, the last step) and does its work: recover from divergence, save a
+checkpoint, evaluate, profile (here), report progress (progress.py), save
+on preemption (preemption.py). A new kind of
 periodic work is one more callable in the list `train.train_and_evaluate`
 builds; the loop itself does not change. An action that restores an earlier
 step raises RolledBack: the actions after it skip that execution.
@@ -12,21 +13,12 @@ step raises RolledBack: the actions after it skip that execution.
 import dataclasses
 import math
 import os
-import signal
-import threading
 
-import tensorflow as tf
 from absl import logging
+import tensorflow as tf
 
 from pipeline import console
-from pipeline import trainer as trainer_lib
-from pipeline.errors import Preempted
 from pipeline.errors import UserError
-
-# Above this fraction of time waiting for input, the run says it is input-bound.
-INPUT_BOUND_FRACTION = 0.10
-# Points of the training-loss curve in TensorBoard, whatever the run length.
-CURVE_POINTS = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,158 +50,6 @@ def summary_writers(workdir, is_chief):
   root = workdir.path('tensorboard')
   return (tf.summary.create_file_writer(os.path.join(root, 'train')),
           tf.summary.create_file_writer(os.path.join(root, 'eval')))
-
-
-class Meter:
-  """Throughput and input wait, over a window and over the whole run.
-
-  The first execution traces and compiles; it is timed apart and never
-  counted in throughput.
-  """
-
-  def __init__(self, global_batch_size):
-    self.global_batch_size = global_batch_size
-    self.compile_s = None
-    self.total = [0, 0.0, 0.0]  # steps, seconds, input wait seconds
-    self.window = [0, 0.0, 0.0]
-
-  def add(self, steps, seconds, wait_s):
-    if self.compile_s is None:
-      self.compile_s = seconds
-      return
-    for totals in (self.total, self.window):
-      totals[0] += steps
-      totals[1] += seconds
-      totals[2] += wait_s
-
-  def _rates(self, steps, seconds, wait_s):
-    if not seconds:
-      return None, None
-    return steps * self.global_batch_size / seconds, wait_s / seconds
-
-  def take_window(self):
-    """(images/s, input wait fraction) since the last call."""
-    rates = self._rates(*self.window)
-    self.window = [0, 0.0, 0.0]
-    return rates
-
-  def overall(self):
-    """(images/s, input wait fraction) over the run, compile excluded."""
-    return self._rates(*self.total)
-
-
-class ReportProgress:
-  """Progress lines and TensorBoard scalars every `every_steps` steps.
-
-  Owns the meter and the count of records the input skipped (it arrives
-  with each execution's outputs), and warns once when the run waits for
-  input more than INPUT_BOUND_FRACTION of the time.
-  """
-
-  def __init__(self, trainer, plan, every_steps, writer, mixed_labels=False):
-    self.trainer = trainer
-    # Mixup and CutMix blend two labels: a hit is the dominant one.
-    self.accuracy_name = ('accuracy (dominant label)' if mixed_labels else
-                          'accuracy')
-    self.steps_per_epoch = plan.steps_per_epoch
-    self.every_steps = every_steps
-    self.writer = writer
-    self.skipped_records = 0
-    self.meter = Meter(plan.global_batch_size)
-    self._warned_input_bound = False
-    self._bar = None  # console.live_bar on a terminal.
-    self.curve_every = max(1, plan.total_steps // CURVE_POINTS)
-
-  def __call__(self, execution):
-    first = self.meter.compile_s is None
-    self.meter.add(execution.num_steps, execution.seconds,
-                   execution.outputs['input_wait_s'])
-    self.skipped_records += int(execution.outputs.get('skipped_records', 0))
-    if first:
-      logging.info('First execution (tracing and compiling included): %.1f s',
-                   self.meter.compile_s)
-    self._record_curve(execution)
-    if execution.crossed(self.every_steps) or execution.is_last:
-      console.close_bar(self._bar)
-      self._bar = None
-      self._report(execution)
-    else:
-      self._show(execution)
-
-  def _record_curve(self, execution):
-    """Training loss points every `curve_every` steps (each step's own loss
-    comes back with the execution), so even a short run plots a curve of
-    about CURVE_POINTS points; the console keeps its own interval."""
-    losses = execution.outputs.get('step_losses')
-    if losses is None:
-      return
-    for step in range(execution.first_step + 1, execution.step + 1):
-      if step % self.curve_every == 0 or step == execution.total_steps:
-        with self.writer.as_default(step=step):
-          tf.summary.scalar('loss', losses[step - execution.first_step - 1])
-
-  def _show(self, execution):
-    """The live bar (terminals only) of the steps up to the next line."""
-    if self._bar is None:
-      stretch_end = min(
-          (execution.first_step // self.every_steps + 1) * self.every_steps,
-          execution.total_steps)
-      start = stretch_end - self.every_steps
-      self._bar = console.live_bar(stretch_end - max(start, 0),
-                                   f'steps to {stretch_end}')
-      if self._bar is None:
-        return
-      self._bar.update(execution.first_step - max(start, 0))
-    self._bar.update(execution.num_steps)
-    self._bar.set_postfix(loss=f'{execution.outputs["loss"]:.4f}',
-                          refresh=False)
-
-  def _report(self, execution):
-    out, trainer = execution.outputs, self.trainer
-    rate, wait = self.meter.take_window()
-    lr = trainer.learning_rate()
-    loss_scale = trainer.loss_scale
-    logging.info(
-        'step %d/%d (epoch %.1f): loss %.4f, %s %.3f, lr %.2e, '
-        '%s img/s, input wait %s%s%s', execution.step, execution.total_steps,
-        execution.step / self.steps_per_epoch, out['loss'],
-        self.accuracy_name, out['accuracy'],
-        lr, f'{rate:.0f}' if rate else '-',
-        f'{wait:.0%}' if wait is not None else '-',
-        f', loss scale {loss_scale:g}, skipped steps '
-        f'{trainer.skipped_steps}' if loss_scale is not None else '',
-        f', skipped records {self.skipped_records}'
-        if self.skipped_records else '')
-    if (wait is not None and wait > INPUT_BOUND_FRACTION and
-        not self._warned_input_bound):
-      logging.warning(
-          'Input-bound: training waited for data %.0f%% of the time; '
-          'see BUILD_NOTES.md "Input pipeline" for what helps.', 100 * wait)
-      self._warned_input_bound = True
-    with self.writer.as_default(step=execution.step):
-      tf.summary.scalar('accuracy', out['accuracy'])
-      tf.summary.scalar('learning_rate', lr)
-      if rate:
-        tf.summary.scalar('images_per_sec', rate)
-        tf.summary.scalar('input_wait_fraction', wait)
-      tf.summary.scalar('skipped_records', self.skipped_records)
-      if loss_scale is not None:
-        tf.summary.scalar('loss_scale', loss_scale)
-        tf.summary.scalar('skipped_steps', trainer.skipped_steps)
-
-
-def profile_window(text):
-  """config.profile_steps '' or 'START,STOP' -> None or (start, stop)."""
-  if not text:
-    return None
-  try:
-    start, stop = (int(part) for part in str(text).split(','))
-  except ValueError:
-    start = stop = -1
-  if not 0 <= start < stop:
-    raise UserError(f'profile_steps={text!r}; accepted: \'\' (off) or '
-                    'START,STOP with 0 <= START < STOP, e.g. 10,20')
-  return start, stop
 
 
 class Profile:
@@ -325,72 +165,6 @@ class RecoverFromDivergence:
       return (f'every step of {self._skipped_in_a_row} executions in a row was '
               'skipped for non-finite gradients')
     return None
-
-
-class SaveOnPreemption:
-  """Turns SIGTERM (what cloud preemption sends) into a save and a stop.
-
-  The signal only sets a flag; at the next execution boundary the action
-  saves, waits for the checkpoint's commit and raises Preempted. With
-  several workers (`strategy` given), the flag is all-reduced (summed) at every
-  boundary, so a SIGTERM to any one worker stops all of them at the same
-  step, each taking part in the one save (tf.distribute needs every worker
-  in it; only the chief's is kept). A second SIGTERM gets the previous
-  handler. close() puts that handler back.
-
-  Not tf.distribute.experimental.PreemptionCheckpointHandler: it raises
-  NotImplementedError on GCP CPU and TPU VMs (failure_handling.py).
-  """
-
-  def __init__(self, checkpointer, workdir, strategy=None):
-    self.checkpointer = checkpointer
-    self.workdir = workdir
-    self.raised = False
-    self._previous = None
-    self._any_worker = _any_worker(strategy) if strategy else None
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    # A flag and nothing else. Python runs this handler inside whatever the
-    # main thread was doing, a write to stderr included; a log line from
-    # here would fail there as a reentrant write, before the flag is set,
-    # and the run would train on through its preemption.
-    del frame
-    self.raised = True
-    signal.signal(signum, self._previous or signal.SIG_DFL)
-
-  def __call__(self, execution):
-    stop = self.raised
-    if self._any_worker:
-      with trainer_lib.peers_lost_in_one_line():
-        stop = bool(self._any_worker(tf.constant(float(stop))))
-    if not stop:
-      return
-    logging.warning('%s got SIGTERM: saving a checkpoint at step %d',
-                    'This run' if self.raised else 'Another worker',
-                    execution.step)
-    self.checkpointer.save(execution.step)
-    self.checkpointer.wait()
-    self.workdir.publish('tensorboard')
-    self.workdir.publish(console.LOG_FILE)
-    raise Preempted(f'SIGTERM: checkpoint of step {execution.step} committed '
-                    f'to {self.workdir.url}; rerun the same command to resume')
-
-  def close(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
-
-
-def _any_worker(strategy):
-  """flag -> whether any replica of any worker passed a non-zero flag."""
-  @tf.function
-  def any_worker(flag):
-    flags = strategy.run(lambda: tf.identity(flag))
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None) > 0
-
-  return any_worker
 
 
 class SaveCheckpoints:

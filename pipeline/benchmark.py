@@ -5,7 +5,7 @@ part: the tf.data pipeline alone (first pass with the cache cold, then warm;
 per core; beside tensorflow/tpu's reference preprocessing on the same files),
 training on one synthetic batch already on the device (the model's ceiling),
 and training on the real input. Compile time is timed apart, never mixed into
-a throughput.
+a throughput. The text tables of the results are benchmark_report.py's.
 """
 
 import dataclasses
@@ -14,18 +14,17 @@ import os
 import statistics
 import time
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from pipeline import data
 from pipeline import plan as plan_lib
-from pipeline import precision
 from pipeline import tfrecords
-
-_ROUNDS = 3  # Of ours against the reference.
 from pipeline import trainer as trainer_lib
 from pipeline.errors import UserError
+
+_ROUNDS = 3  # Of ours against the reference.
 
 
 def input_throughput(config, source, global_batch_size, max_batches,
@@ -241,14 +240,6 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3):
   For deciding on new hardware in minutes: no accuracy (launch.compare
   trains to accuracy). The hardware is found once, for all pairs.
   """
-  for policy in policies:
-    if policy not in precision.POLICIES or policy == 'auto':
-      raise UserError(f'unknown policy {policy!r} in --policies; accepted: '
-                      f'{", ".join(p for p in precision.POLICIES if p != "auto")}')
-  for setting in xla:
-    if setting not in ('off', 'on'):
-      raise UserError(f'unknown XLA setting {setting!r} in --xla_settings; '
-                      'accepted: off, on')
   hardware = request.find_hardware()
   rows = []
   for policy in policies:
@@ -283,71 +274,3 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3):
       'speedup_over_float32': (fastest['images_per_sec'] / max(float32)
                                if fastest and float32 else None),
   }
-
-
-def sweep_table(result):
-  """The sweep as a small text table, the fastest pair last."""
-  lines = [f'{result["model"]} at {result["image_size"]} px, batch '
-           f'{result["global_batch_size"]}, {result["device_kind"]} '
-           f'({result["detail"]}), {result["strategy"]}',
-           f'{"policy":<16} {"xla":<4} {"images/s":>10} {"compile s":>10}']
-  for row in result['rows']:
-    if 'skipped' in row:
-      lines.append(f'{row["policy"]:<16} {row["xla"]:<4} skipped: '
-                   f'{row["skipped"]}')
-    else:
-      lines.append(f'{row["policy"]:<16} {row["xla"]:<4} '
-                   f'{row["images_per_sec"]:>10.1f} {row["compile_s"]:>10.1f}')
-  fastest = result['fastest']
-  if fastest:
-    speedup = result['speedup_over_float32']
-    lines.append(
-        f'fastest: --policy={fastest["policy"]} --xla={fastest["xla"]}, '
-        f'{fastest["images_per_sec"]:.1f} images/s'
-        + (f', {speedup:.2f}x the fastest float32' if speedup else ''))
-  return '\n'.join(lines)
-
-
-def table(result):
-  """A small text table of the benchmark's figures."""
-  r = result
-  rows = [
-      (f'input alone, first pass (cache: {r["cache"]})',
-       r['input_cold_images_per_sec'], None),
-      ('input alone, second pass', r['input_warm_images_per_sec'], None),
-      (f'  per core ({r["cores"]} cores)', r['input_images_per_sec_per_core'],
-       None),
-  ]
-  if 'reference_input_images_per_sec' in r:
-    rows.append(('reference input (tensorflow/tpu)',
-                 r['reference_input_images_per_sec'], None))
-  if 'train_synthetic_images_per_sec' in r:
-    rows += [('train, synthetic on device', r['train_synthetic_images_per_sec'],
-              r['train_synthetic_input_wait_fraction']),
-             ('train, real input', r['train_real_images_per_sec'],
-              r['train_real_input_wait_fraction'])]
-  lines = [f'{r["model"]} at {r["image_size"]} px, batch '
-           f'{r["global_batch_size"]}, {r["policy"]}, {r["strategy"]} '
-           f'x{r["num_replicas"]}, augment {r["augment"]}',
-           f'{"what":<36} {"images/s":>10} {"input wait":>11}']
-  for name, rate, wait in rows:
-    lines.append(f'{name:<36} {rate:>10.1f} '
-                 f'{"" if wait is None else f"{wait:.1%}":>11}')
-  if 'input_vs_reference' in r:
-    lines.append(
-        f'input / reference preprocessing: {r["input_vs_reference"]:.2f}x '
-        f'(median of {len(r["input_rounds_images_per_sec"])} alternated '
-        'rounds: ' + ', '.join(
-            f'{o:.0f}/{f:.0f}' for o, f in zip(
-                r['input_rounds_images_per_sec'],
-                r['reference_rounds_images_per_sec'])) + ')')
-  if 'target_images_per_sec' in r:
-    lines.append(
-        f'target {r["target_images_per_sec"]:.0f} images/s: '
-        + ('fed' if r['input_feeds_target'] else 'NOT fed')
-        + f' by these {r["cores"]} cores; at this rate it needs '
-        f'{r["cores_for_target"]} cores')
-  if 'compile_s' in r:
-    lines.append(f'compile (first call): {r["compile_s"]:.1f} s; input '
-                 f'/ model ceiling: {r["input_headroom"]:.1f}x')
-  return '\n'.join(lines)

@@ -6,7 +6,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from pipeline import data
+from pipeline import decode
 from pipeline import models
 from pipeline import storage
 
@@ -83,5 +83,5 @@ def metadata(config, plan):
       'class_names': [source.class_name(i) for i in range(source.num_classes)],
       'input': 'uint8 RGB images [batch, image_size, image_size, 3]',
       'output': 'float32 class probabilities [batch, num_classes]',
-      'preprocessing': data.eval_preprocessing(config),
+      'preprocessing': decode.eval_preprocessing(config),
   }

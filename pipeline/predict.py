@@ -1,7 +1,7 @@
 """Predictions from image files with an export of launch.train.
 
 The export's metadata.json names the classes and the preprocessing; images
-of any size go through exactly what evaluation does (data.eval_image), in
+of any size go through exactly what evaluation does (decode.eval_image), in
 batches, through the SavedModel's `serve` signature.
 """
 
@@ -12,7 +12,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from pipeline import data
+from pipeline import decode
 from pipeline import export
 from pipeline.errors import UserError
 from pipeline.errors import first_line
@@ -53,7 +53,7 @@ def read_images(paths, preprocessing):
     try:
       with open(path, 'rb') as f:
         encoded = f.read()
-      images.append(data.eval_image(encoded, size, fraction).numpy())
+      images.append(decode.eval_image(encoded, size, fraction).numpy())
       kept.append(path)
     except (OSError, tf.errors.OpError) as e:
       skipped.append((path, first_line(e)))

@@ -13,103 +13,29 @@ per execution, not once per step (what TPUs and fast GPUs need).
 import keras
 import tensorflow as tf
 
-from pipeline.errors import UserError
+from pipeline import optimizers
 
 SUM = tf.distribute.ReduceOp.SUM
 
 
-OPTIMIZERS = ('adamw', 'sgd', 'rmsprop')
-LR_SCHEDULES = ('cosine', 'exponential')
-
-
-class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
-  """tensorflow/tpu's EfficientNet schedule (utils.build_learning_rate):
-  linear warmup to `peak`, then peak * rate ** floor(step / decay_steps),
-  the staircase counted from step 0."""
-
-  def __init__(self, peak, warmup_steps, decay_steps, rate):
-    self.peak, self.warmup_steps = peak, warmup_steps
-    self.decay_steps, self.rate = decay_steps, rate
-
-  def __call__(self, step):
-    step = tf.cast(step, tf.float32)
-    decayed = self.peak * self.rate ** tf.floor(step / self.decay_steps)
-    if not self.warmup_steps:
-      return decayed
-    warming = self.peak * step / self.warmup_steps
-    return tf.where(step < self.warmup_steps, warming, decayed)
-
-  def get_config(self):
-    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
-            'decay_steps': self.decay_steps, 'rate': self.rate}
-
-
-def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
-  """Linear warmup to `peak`, then cosine decay to 0 over the rest of the
-  run, or tensorflow/tpu's exponential staircase (lr_schedule)."""
-  warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
-                     max(total_steps - 1, 0))
-  kind = config.get('lr_schedule', 'cosine')
-  if kind == 'exponential':
-    return WarmupExponentialDecay(
-        peak, warmup_steps,
-        max(config.lr_decay_epochs * steps_per_epoch, 1.0),
-        config.lr_decay_rate)
-  if kind != 'cosine':
-    raise UserError(f'unknown lr_schedule {kind!r}; accepted: '
-                    f'{", ".join(LR_SCHEDULES)}')
-  return keras.optimizers.schedules.CosineDecay(
-      initial_learning_rate=0.0, warmup_target=peak, warmup_steps=warmup_steps,
-      decay_steps=max(total_steps - warmup_steps, 1))
-
-
-def make_optimizer(config, peak, total_steps, steps_per_epoch):
-  """The config's optimizer on its learning-rate schedule, peaking at `peak`.
-
-  `total_steps` and `steps_per_epoch` count updates (an update with
-  gradient accumulation takes several micro-batches).
-  """
-  schedule = learning_rate_schedule(config, peak, total_steps,
-                                    steps_per_epoch)
-  if config.optimizer == 'adamw':
-    optimizer = keras.optimizers.AdamW(schedule,
-                                       weight_decay=config.weight_decay)
-  elif config.optimizer == 'sgd':
-    optimizer = keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True,
-                                     weight_decay=config.weight_decay)
-  elif config.optimizer == 'rmsprop':
-    # tensorflow/tpu's RMSProp: decay 0.9, momentum 0.9, epsilon 1e-3, which
-    # like Keras' sits inside the square root.
-    optimizer = keras.optimizers.RMSprop(
-        schedule, rho=0.9, momentum=0.9, epsilon=1e-3,
-        weight_decay=config.weight_decay)
-  else:
-    raise UserError(f'unknown optimizer {config.optimizer!r}; accepted: '
-                    f'{", ".join(OPTIMIZERS)}')
-  # Decay only weight matrices: decaying norms and biases hurts small models.
-  optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
-                                                 'beta'])
-  return optimizer
-
-
-def replica_train_step(model, optimizer, global_batch_size, num_classes,
-                       label_smoothing, jit_compile=False, accumulation_steps=1,
-                       l2_weight_decay=0.0, ema=None):
-  """One replica's update on its batch: forward, backward, summed gradients,
-  update, moving average. Returns (loss, correct predictions).
+def gradient_function(model, optimizer, global_batch_size, num_classes,
+                      label_smoothing, accumulation_steps=1,
+                      l2_weight_decay=0.0):
+  """Returns gradients(variables, images, labels) -> (scaled gradients,
+  loss, correct predictions) of one replica's batch.
 
   Labels are class indices, or soft labels [batch, classes] (mixup,
   CutMix): a prediction is correct if it is the dominant label. With
   `accumulation_steps` k > 1 the batch is cut into k micro-batches whose
-  gradients are summed before the one update (the activations of one
-  micro-batch in memory at a time), so a step is still one update of the
-  whole batch and a loss-scale skip drops all of it. `l2_weight_decay`
-  adds l2 * sum(w**2) / 2 over the non-batch-norm weights to the loss, as
+  gradients are summed in a while loop (the activations of one micro-batch
+  in memory at a time), so a step is still one update of the whole batch
+  and a loss-scale skip drops all of it. `l2_weight_decay` adds
+  l2 * sum(w**2) / 2 over the non-batch-norm weights to the loss, as
   tensorflow/tpu's EfficientNet does (rather than a decoupled decay).
   """
   loss_fn = keras.losses.CategoricalCrossentropy(
       from_logits=True, label_smoothing=label_smoothing, reduction=None)
-  _apply_without_all_reduce(optimizer)
+
   def gradients(variables, images, labels):
     targets = (labels if labels.shape.rank == 2 else
                tf.one_hot(labels, num_classes))
@@ -133,7 +59,7 @@ def replica_train_step(model, optimizer, global_batch_size, num_classes,
         tf.argmax(logits, -1), tf.argmax(targets, -1)), tf.float32))
     return grads, loss, correct
 
-  def accumulated_gradients(variables, images, labels):
+  def accumulated(variables, images, labels):
     micro = lambda t: tf.reshape(t, [accumulation_steps, -1, *t.shape[1:]])
     images, labels = micro(images), micro(labels)
 
@@ -148,14 +74,27 @@ def replica_train_step(model, optimizer, global_batch_size, num_classes,
         (tf.constant(0), zeros, tf.constant(0.0), tf.constant(0.0)))
     return grads, loss, correct
 
+  return gradients if accumulation_steps == 1 else accumulated
+
+
+def replica_train_step(model, optimizer, global_batch_size, num_classes,
+                       label_smoothing, jit_compile=False, ema=None,
+                       **gradient_options):
+  """One replica's update on its batch: forward, backward, gradients summed
+  across replicas, update, moving average. Returns (loss, correct
+  predictions). `gradient_options`: gradient_function's keyword arguments.
+  The optimizer must take summed gradients (make_train_function sees to it).
+  """
+  gradients = gradient_function(model, optimizer, global_batch_size,
+                                num_classes, label_smoothing,
+                                **gradient_options)
+
   # TPUs compile the whole step anyway; elsewhere XLA is opt-in per step.
   @tf.function(jit_compile=jit_compile or None)
   def replica_step(images, labels):
     # Read when traced: a frozen backbone's weights are not among them.
     variables = model.trainable_variables
-    grads, loss, correct = (
-        gradients(variables, images, labels) if accumulation_steps == 1 else
-        accumulated_gradients(variables, images, labels))
+    grads, loss, correct = gradients(variables, images, labels)
     # Summed here, not inside optimizer.apply: LossScaleOptimizer decides to
     # skip a step from the gradients it is given, before its inner optimizer
     # would sum them, so each replica must already hold the sum (else one
@@ -209,6 +148,7 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
   for non-finite gradients; `optimizer.iterations` counts applied updates,
   so their difference is the number of skipped steps.
   """
+  optimizers.take_summed_gradients(optimizer)
   replica_step = replica_train_step(model, optimizer, global_batch_size,
                                     num_classes, label_smoothing, jit_compile,
                                     **recipe)
@@ -248,22 +188,6 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
             'step_losses': step_losses.stack()}
 
   return train
-
-
-def _apply_without_all_reduce(optimizer):
-  """Makes `optimizer.apply` take gradients that are already summed.
-
-  Keras' TensorFlow optimizers sum gradients across replicas inside
-  `apply`; our replica step sums them first, so a second sum would multiply
-  them by the number of replicas. A loss-scaled optimizer's inner optimizer
-  is the one that sums.
-  """
-  inner = getattr(optimizer, 'inner_optimizer', optimizer)
-  if not hasattr(inner, '_all_reduce_sum_gradients'):
-    raise RuntimeError(f'{type(inner).__name__} no longer has '
-                       '_all_reduce_sum_gradients; update steps.py for this '
-                       'Keras version')
-  inner._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
 
 
 def _value(variable):

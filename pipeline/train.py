@@ -17,7 +17,10 @@ from pipeline import data
 from pipeline import export
 from pipeline import finetune
 from pipeline import metrics
+from pipeline import preemption as preemption_lib
+from pipeline import progress as progress_lib
 from pipeline import trainer as trainer_lib
+from pipeline import validation
 from pipeline.checkpoint import Checkpointer
 
 
@@ -48,34 +51,8 @@ def _train_and_evaluate(config, plan, extra_actions):
   trainer = trainer_lib.build(config, plan)
   # Before restoring: the seed's weights, equal across policies and batches.
   initial_weights_sha256 = trainer.weights_sha256()
-
-  def checkpointer_of(series, keep):
-    return Checkpointer(workdir, keep, hardware.is_chief, series=series,
-                        io_device=plan.io_device,
-                        if_missing={'ema': start_average_here},
-                        **trainer.trackables())
-
-  def start_average_here(path):
-    # A run that resumes with a moving average it did not keep before.
-    logging.info('%s holds no moving average: it starts from its weights',
-                 path)
-    trainer.ema.reset()
-
-  checkpointer = checkpointer_of('checkpoints', config.keep_checkpoints)
-  best_metric = config.get('keep_best_metric', '')
-  keep_best = (actions.KeepBest(best_metric,
-                                checkpointer_of('checkpoints_best', 1),
-                                workdir, hardware.is_chief)
-               if best_metric else None)
-  checkpointer.restore_latest()
-  initial_step = int(trainer.step.numpy())
-  if initial_step:
-    logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
-  elif config.get('init_from', ''):  # A resumed run keeps its own weights.
-    logging.info('Initialized the %s', finetune.load_backbone(
-        config, trainer.model, plan.workdir.staging_root))
-    if trainer.ema:
-      trainer.ema.reset()
+  checkpointer, keep_best = _checkpointers(config, plan, trainer)
+  initial_step = _restore_or_initialize(config, plan, trainer, checkpointer)
 
   strategy, batch = hardware.strategy, plan.global_batch_size
   train_data = strategy.distribute_datasets_from_function(
@@ -85,24 +62,18 @@ def _train_and_evaluate(config, plan, extra_actions):
       data.eval_input_fn(config, plan.source, batch, plan.cache))
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
-  with train_writer.as_default(step=initial_step):
-    # So overlaid runs in TensorBoard can be told apart (the Text tab).
-    tf.summary.text('plan', '\n'.join(f'- {line}'
-                                       for line in plan.describe(config)))
-    tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
-                    '\n```')
-  progress = actions.ReportProgress(
+  _write_plan_text(config, plan, train_writer, initial_step)
+  progress = progress_lib.ReportProgress(
       trainer, plan, config.log_every_steps, train_writer,
-      mixed_labels=bool(config.get('mixup_alpha', 0.0) or
-                        config.get('cutmix_alpha', 0.0)))
+      mixed_labels=bool(config.mixup_alpha or config.cutmix_alpha))
   evaluate = actions.Evaluate(
       trainer, eval_data, data.eval_steps(plan.source, batch),
       int(round(plan.steps_per_epoch * config.eval_every_epochs)),
       eval_writer, listeners=[keep_best] if keep_best else [])
-  preemption = actions.SaveOnPreemption(
+  preemption = preemption_lib.SaveOnPreemption(
       checkpointer, workdir,
       strategy=strategy if hardware.num_workers > 1 else None)
-  window = actions.profile_window(config.get('profile_steps', ''))
+  window = validation.profile_window(config.profile_steps)
   profile = (actions.Profile(*window, workdir.path('tensorboard'),
                              plan.steps_per_execution, initial_step)
              if window and hardware.is_chief else None)
@@ -112,8 +83,8 @@ def _train_and_evaluate(config, plan, extra_actions):
         *([profile] if profile else []),
         progress,
         actions.RecoverFromDivergence(
-            trainer, checkpointer, config.get('recovery_max_trials', 3),
-            config.get('recovery_max_skipped_executions', 5)),
+            trainer, checkpointer, config.recovery_max_trials,
+            config.recovery_max_skipped_executions),
         preemption,
         actions.SaveCheckpoints(checkpointer, config.checkpoint_every_steps,
                                 train_writer, workdir),
@@ -143,12 +114,62 @@ def _train_and_evaluate(config, plan, extra_actions):
   return result
 
 
+def _checkpointers(config, plan, trainer):
+  """The run's checkpoint series, and KeepBest's (None without
+  keep_best_metric)."""
+  hardware, workdir = plan.hardware, plan.workdir
+
+  def start_average_here(path):
+    # A run that resumes with a moving average it did not keep before.
+    logging.info('%s holds no moving average: it starts from its weights',
+                 path)
+    trainer.ema.reset()
+
+  def checkpointer_of(series, keep):
+    return Checkpointer(workdir, keep, hardware.is_chief, series=series,
+                        io_device=plan.io_device,
+                        if_missing={'ema': start_average_here},
+                        **trainer.trackables())
+
+  keep_best = (actions.KeepBest(config.keep_best_metric,
+                                checkpointer_of('checkpoints_best', 1),
+                                workdir, hardware.is_chief)
+               if config.keep_best_metric else None)
+  return checkpointer_of('checkpoints', config.keep_checkpoints), keep_best
+
+
+def _restore_or_initialize(config, plan, trainer, checkpointer):
+  """Restores the newest checkpoint; a run that starts at step 0 loads
+  init_from's backbone instead (a resumed run keeps its own weights).
+  Returns the step the run starts at."""
+  checkpointer.restore_latest()
+  initial_step = int(trainer.step.numpy())
+  if initial_step:
+    logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
+  elif config.init_from:
+    logging.info('Initialized the %s', finetune.load_backbone(
+        config, trainer.model, plan.workdir.staging_root))
+    if trainer.ema:
+      trainer.ema.reset()
+  return initial_step
+
+
+def _write_plan_text(config, plan, writer, step):
+  """The plan and config as TensorBoard text, so overlaid runs can be told
+  apart (the Text tab)."""
+  with writer.as_default(step=step):
+    tf.summary.text('plan', '\n'.join(f'- {line}'
+                                       for line in plan.describe(config)))
+    tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
+                    '\n```')
+
+
 def _export(config, plan, trainer, name='export'):
   with trainer.exported_weights():  # The moving average, if kept.
     return export.export_model(
         trainer.model, plan.workdir, plan.hardware.is_chief,
         export.metadata(config, plan), name=name,
-        tflite=config.get('export_tflite', ''), io_device=plan.io_device)
+        tflite=config.export_tflite, io_device=plan.io_device)
 
 
 def run_loop(trainer, iterator, plan, initial_step, periodic_actions):

@@ -38,8 +38,9 @@ def test_sweep_prints_the_table_and_the_fastest(tmp_path, tfds_dir):
 
 
 @pytest.mark.parametrize('flag, message', [
-    ('--policies=float32,fp8', "unknown policy 'fp8' in --policies"),
-    ('--xla_settings=sometimes', "unknown XLA setting 'sometimes'"),
+    ('--policies=float32,fp8', "--policies: unknown policy 'fp8'; accepted: "
+     'float32, mixed_float16'),
+    ('--xla_settings=sometimes', '--xla_settings takes off, on or both'),
 ])
 def test_sweep_bad_input_is_one_line(flag, message, tfds_dir):
   extra = ['--policies=float32'] if 'xla' in flag else []

@@ -1,6 +1,7 @@
 """The gs:// checkpoint commit protocol against a real GCS server on loopback."""
 
 import os
+import re
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 from pipeline import storage
 from pipeline.checkpoint import Checkpointer
 from pipeline.checkpoint import UploadError
+from pipeline.errors import UserError
 
 
 def _checkpointer(url, staging, keep=2, timeout_s=60.0):
@@ -51,7 +53,7 @@ def test_persistent_outage_keeps_the_staged_copy_and_resumes(emulator,
                                                              tmp_path):
   url = 'gs://runs/outage'
   staging = tmp_path / 'staging'
-  saver, value, _ = _checkpointer(url, staging, timeout_s=3.0)
+  saver, value, workdir = _checkpointer(url, staging, timeout_s=3.0)
   value.assign(1.0)
   saver.save(1)
   saver.wait()
@@ -61,6 +63,15 @@ def test_persistent_outage_keeps_the_staged_copy_and_resumes(emulator,
     saver.save(2)  # Does not wait for the network.
     with pytest.raises(UploadError, match=r'failed: .*kept in .*rerun'):
       saver.wait()
+    # A synchronous publish (run.json, the log, metrics.json) in the same
+    # outage: one UserError line naming the file and what to do.
+    (staging / 'runs' / 'outage' / 'metrics.json').write_text('{}')
+    with pytest.raises(UserError) as error:
+      workdir.publish('metrics.json')
+    assert re.fullmatch(
+        r'uploading \S+/metrics.json to gs://runs/outage/metrics.json failed '
+        r'after retrying for 3 s \(.*\); the staged copy is kept: rerun the '
+        'same command once GCS is reachable', str(error.value)), error.value
   finally:
     emulator.start()
   assert os.listdir(staging / 'runs' / 'outage' / 'checkpoints' /
@@ -216,12 +227,13 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
   import threading  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
   from pipeline import actions  # pylint: disable=g-import-not-at-top
+  from pipeline import preemption as preemption_lib  # pylint: disable=g-import-not-at-top
   from pipeline.errors import Preempted  # pylint: disable=g-import-not-at-top
 
   workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(1.0)
-  preemption = actions.SaveOnPreemption(Checkpointer(workdir, 1, True,
-                                                     value=value), workdir)
+  preemption = preemption_lib.SaveOnPreemption(
+      Checkpointer(workdir, 1, True, value=value), workdir)
   read_end, write_end = os.pipe()
   stream = os.fdopen(write_end, 'w', buffering=1)  # As the launchers' is.
   log_to_pipe = std_logging.StreamHandler(stream)

@@ -15,6 +15,9 @@ from PIL import Image
 
 from configs import default
 from pipeline import data
+from pipeline import decode
+from pipeline import cache
+from pipeline import validation
 from pipeline import sources
 from pipeline import tfrecords
 from pipeline.errors import UserError
@@ -85,8 +88,8 @@ def _tfrecord_config(root, **overrides):
 
 def _decode_all(records, source, size=32):
   """(image, label, skipped) of every record, decoded as for eval."""
-  return list(data._decoded(  # pylint: disable=protected-access
-      records, source.parse, lambda encoded: data.eval_image(encoded, size, 1.0),
+  return list(decode.decoded_records(
+      records, source.parse, lambda encoded: decode.eval_image(encoded, size, 1.0),
       (size, size, 3), source.num_classes))
 
 
@@ -233,7 +236,7 @@ def test_label_out_of_range_names_the_file(tfrecord_dir):
   with pytest.raises(tf.errors.InvalidArgumentError) as error:
     for _ in fn(_context()).take(10):
       pass
-  message = data.label_error(error.value, 10, 0)
+  message = decode.label_error(error.value, 10, 0)
   assert message.startswith('label 10 (after label_offset=0) in ')
   assert 'train-0000' in message and 'outside [0, 10)' in message
 
@@ -320,15 +323,15 @@ def test_memory_cache_holds_decoded_then_encoded_then_refuses(tfds_dir):
   """Digits at 224 px: 270 MB decoded, 57 KB as stored."""
   config = _config(data_dir=tfds_dir, image_size=224)
   source = sources.load_source(config)
-  kind, why = data.choose_cache(config, source, available_bytes=64 * 2**30)
+  kind, why = cache.choose(config, source, available_bytes=64 * 2**30)
   assert kind == 'decoded' and 'fit in half the 64.0 GiB free' in why
-  kind, why = data.choose_cache(config, source, available_bytes=100 * 2**20)
+  kind, why = cache.choose(config, source, available_bytes=100 * 2**20)
   assert kind == 'encoded' and 'decoded and cropped each epoch' in why
   with pytest.raises(UserError, match=r'cache=memory needs about .* GiB'):
-    data.choose_cache(config, source, available_bytes=64 * 2**10)
+    cache.choose(config, source, available_bytes=64 * 2**10)
 
 
-@pytest.mark.parametrize('augment', data.AUGMENTATIONS)
+@pytest.mark.parametrize('augment', validation.AUGMENTATIONS)
 def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
   config = _config(data_dir=tfds_dir, augment=augment, image_size=32)
   source = sources.load_source(config)
@@ -352,8 +355,8 @@ def test_decoding_the_window_alone_equals_cropping_the_whole(photos, size):
   scale (libjpeg's scaled IDCT), compared with an antialiased resize."""
   window = tf.constant([10, 20, 300, 250])
   for encoded in photos:
-    fast = data._decode_window(encoded, lambda shape: window,  # pylint: disable=protected-access
-                               data._square(size)).numpy()  # pylint: disable=protected-access
+    fast = decode.decode_window(encoded, lambda shape: window,
+                               decode.square(size)).numpy()
     whole = tf.io.decode_jpeg(encoded, channels=3)[10:310, 20:270]
     slow = tf.image.resize(whole, (size, size), antialias=size < 150)
     difference = np.abs(fast.astype(float) - slow.numpy())
@@ -393,15 +396,15 @@ def test_cached_and_uncached_runs_see_the_same_crops(tmp_path):
   tfrecords.write(str(tmp_path / 'train-0'),
                   [tfrecords.serialize(_gradient_jpeg(), 0)] * 64)
   extents = {}
-  for cache in ('memory', ''):
+  for setting in ('memory', ''):
     config = _config(dataset='tfrecord', train_files=str(tmp_path / 'train-*'),
                      eval_files=str(tmp_path / 'train-*'), num_classes=2,
-                     image_size=64, augment='inception', cache=cache)
+                     image_size=64, augment='inception', cache=setting)
     dataset = data.train_input_fn(config, sources.load_source(config), 64)(
         _context())
     images = np.concatenate([b[0].numpy() for b in dataset.take(4)])
     red, green = images[..., 0].astype(float), images[..., 1].astype(float)
-    extents[cache] = np.stack([
+    extents[setting] = np.stack([
         (red.max((1, 2)) - red.min((1, 2))) / 255,
         (green.max((1, 2)) - green.min((1, 2))) / 255], -1)
   cached, uncached = extents['memory'], extents['']

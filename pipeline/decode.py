@@ -1,0 +1,216 @@
+"""Encoded images to the uint8 window the model sees; bad records counted.
+
+Every path decodes with these: a JPEG's crop window alone (decode_window),
+evaluation's central square (eval_image, which launch.predict shares), and
+records that cannot be decoded skipped and counted in the stream
+(decoded_records). A label outside [0, num_classes) stops the run with the
+value and the file (label_error).
+"""
+
+import re
+
+import tensorflow as tf
+
+# Inception-style runs cache a larger image; eval takes the central 87.5%.
+CENTRAL_FRACTION = 0.875
+LABEL_ERROR = 'LABEL_OUT_OF_RANGE'
+# As tensorflow/tpu's input: AUTOTUNE kept too few decodes in flight for an
+# ordered map (1,200 vs 1,320 img/s at 224 px on 2 cores; BUILD_NOTES.md).
+DECODES_IN_FLIGHT = 64
+
+
+def eval_preprocessing(config):
+  """How evaluation turns a file into the model's input, as the export's
+  metadata records it: see eval_image."""
+  fraction = central_fraction(config)
+  return {'image_size': config.image_size, 'central_fraction': fraction,
+          'rule': 'decode (grayscale, RGBA, CMYK -> RGB); take the central '
+                  'square of central_fraction of the shorter side; resize it '
+                  'to image_size (bilinear; a JPEG at least twice image_size '
+                  'decoded at 1/2, 1/4 or 1/8 scale first)'}
+
+
+def eval_image(encoded, image_size, central_fraction):
+  """Encoded JPEG/PNG bytes -> the uint8 [image_size, image_size, 3] input
+  evaluation gives the model (the same ops as eval_input_fn)."""
+  return decode_window(
+      encoded, lambda shape: central_window(shape, central_fraction),
+      square(image_size))
+
+
+def central_fraction(config):
+  # Inception-style runs evaluate the central 87.5%, as ImageNet recipes do.
+  return CENTRAL_FRACTION if config.augment.startswith('inception') else 1.0
+
+
+def cache_size(config):
+  """The shorter side of what a decoded cache holds for training."""
+  return int(round(config.image_size / central_fraction(config)))
+
+
+# --- decode: only the window the model will see -------------------------------
+#
+# One crop distribution for every path: tensorflow/tpu's ImageNet training
+# crop (models/official/efficientnet/preprocessing.py): a box of 8%-100% of
+# the whole image's area, aspect 3/4-4/3, 10 attempts, else the central 87.5%
+# square. Uncached, only that window of a JPEG is decoded
+# (decode_and_crop_jpeg); a decoded cache holds the whole image (aspect kept)
+# and the same box is sampled on it each epoch, so both see the same crops.
+#
+# Resizing is bilinear: a quarter of the cost of an antialiased resize (0.45
+# vs 1.96 ms for a 300x250 crop to 224, measured; BUILD_NOTES.md). Bilinear
+# aliases when it shrinks by 2x or more, so a JPEG window at least twice the
+# output is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's scaled IDCT (an area
+# average, and cheaper); only what still shrinks by 2x or more (other
+# formats) takes the antialiased resize.
+
+
+def central_window(shape, fraction):
+  """[top, left, height, width]: the central square of `fraction` of the
+  shorter side of an image of `shape` ([height, width, ...])."""
+  height, width = shape[0], shape[1]
+  side = tf.maximum(tf.cast(
+      fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32), 1)
+  return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side,
+                   side])
+
+
+def whole_window(shape):
+  return tf.stack([0, 0, shape[0], shape[1]])
+
+
+def square_window(shape):
+  return central_window(shape, 1.0)
+
+
+def random_window(shape):
+  """[top, left, height, width] of a random resized crop of an image of
+  `shape` ([height, width, channels]): the reference's distribution."""
+  begin, size, _ = tf.image.sample_distorted_bounding_box(
+      shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+      min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+      area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  whole = tf.reduce_all(tf.equal(size[:2], shape[:2]))  # No box was found.
+  return tf.where(whole, central_window(shape, CENTRAL_FRACTION),
+                  tf.stack([begin[0], begin[1], size[0], size[1]]))
+
+
+def square(size):
+  return lambda window: tf.constant([size, size])
+
+
+def shorter_side(size):
+  """The window's shape scaled so that its shorter side is `size`."""
+  def shape(window):
+    hw = tf.cast(window[2:], tf.float32)
+    return tf.cast(tf.math.ceil(hw * size / tf.reduce_min(hw)), tf.int32)
+  return shape
+
+
+def decode_window(encoded, window_of, shape_of):
+  """uint8 [height, width, 3]: the window `window_of(image shape)` of an
+  encoded image, resized to `shape_of(window)`. A JPEG decodes that window
+  alone (at 1/2, 1/4 or 1/8 scale where it is at least that many times the
+  output), then a bilinear resize; other formats decode whole, then
+  resize. channels=3 turns grayscale, RGBA and CMYK into RGB.
+  """
+  def jpeg():
+    window = window_of(tf.image.extract_jpeg_shape(encoded))
+    shape = shape_of(window)
+    shrink = tf.reduce_min(window[2:]) // tf.reduce_min(shape)
+    scale = tf.reduce_sum(tf.cast(shrink >= [2, 4, 8], tf.int32))
+
+    def at(ratio):
+      return lambda: tf.image.decode_and_crop_jpeg(
+          encoded, window // ratio, channels=3, ratio=ratio)
+
+    image = tf.switch_case(scale, [at(1), at(2), at(4), at(8)])
+    return to_uint8(tf.image.resize(image, shape))
+
+  def other():
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    window = window_of(tf.shape(image))
+    image = tf.slice(image, [window[0], window[1], 0],
+                     [window[2], window[3], 3])
+    return resize(image, shape_of(window))
+
+  return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def crop(image, window_of, size):
+  """The window `window_of(shape)` of a decoded image, resized to size x size."""
+  window = window_of(tf.shape(image))
+  image = tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
+  return resize(image, square(size)(window))
+
+
+def resize(image, shape):
+  """uint8 image resized to `shape`: bilinear; antialiased where it shrinks
+  by 2x or more."""
+  shrink = tf.reduce_min(tf.shape(image)[:2]) >= 2 * tf.reduce_min(shape)
+  return to_uint8(tf.cond(
+      shrink, lambda: tf.image.resize(image, shape, antialias=True),
+      lambda: tf.image.resize(image, shape)))
+
+
+def to_uint8(image):
+  return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
+# --- decode, count what cannot be decoded -------------------------------------
+#
+# A record that cannot be decoded is skipped and counted. The count travels
+# with the data: each training example carries the number of records skipped
+# just before it in its stream, and the train step sums them. So it needs no
+# host variable, and it holds where the pipeline runs on other machines
+# (tf.data service workers). Evaluation counts by difference: records minus
+# examples evaluated.
+
+
+def decoded_records(records, parse, decode, image_shape, num_classes):
+  """Parses and decodes records, skipping those that fail: elements
+  (image, int32 label, skipped), `skipped` the records dropped just before
+  this one.
+
+  `decode(encoded)` -> uint8 image of `image_shape`. Records are numbered
+  before decoding; after ignore_errors() the gaps in the numbering are the
+  skipped records (an ordered map keeps the numbers in order: no measurable
+  cost, BUILD_NOTES.md). Labels are checked after the skipping, so a bad
+  label stops the run rather than pass for a bad record.
+  """
+  def decode_record(index, record):
+    encoded, label, origin = parse(*record)
+    return (index, tf.ensure_shape(decode(encoded), image_shape),
+            tf.cast(label, tf.int64), origin)
+
+  dataset = records.enumerate().map(
+      decode_record, num_parallel_calls=DECODES_IN_FLIGHT,
+      deterministic=True).ignore_errors()
+
+  def count_gap(last, element):
+    index, image, label, origin = element
+    in_range = (label >= 0) & (label < num_classes)
+    check = tf.debugging.Assert(in_range, [LABEL_ERROR, label, origin],
+                                summarize=1)
+    with tf.control_dependencies([check]):
+      return index, (image, tf.cast(label, tf.int32),
+                     tf.cast(index - last - 1, tf.int32))
+
+  return dataset.scan(tf.constant(-1, tf.int64), count_gap)
+
+
+def without_skips(image, label, skipped):
+  return image, label, tf.zeros_like(skipped)
+
+
+def label_error(error, num_classes, label_offset):
+  """The one-line message for an out-of-range label, or None for others."""
+  message = getattr(error, 'message', str(error))
+  if LABEL_ERROR not in message:
+    return None
+  found = re.search(LABEL_ERROR + r'\] \[([^\]]*)\] \[([^\]]*)\]', message)
+  label, origin = found.groups() if found else ('?', '?')
+  return (f'label {label} (after label_offset={label_offset}) in '
+          f'{origin} is outside [0, {num_classes}); check '
+          '--config.num_classes and --config.label_offset')

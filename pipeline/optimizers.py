@@ -1,0 +1,90 @@
+"""The optimizer and learning-rate schedule a config names.
+
+AdamW (the default), SGD with Nesterov momentum, or tensorflow/tpu's
+RMSProp; a linear warmup, then cosine decay to 0 or tensorflow/tpu's
+exponential staircase. Weight decay skips batch-norm parameters and biases.
+The training step sums gradients across replicas itself, so its optimizer
+is told not to sum them again (take_summed_gradients).
+"""
+
+import keras
+import tensorflow as tf
+
+
+class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
+  """tensorflow/tpu's EfficientNet schedule (utils.build_learning_rate):
+  linear warmup to `peak`, then peak * rate ** floor(step / decay_steps),
+  the staircase counted from step 0."""
+
+  def __init__(self, peak, warmup_steps, decay_steps, rate):
+    self.peak, self.warmup_steps = peak, warmup_steps
+    self.decay_steps, self.rate = decay_steps, rate
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    decayed = self.peak * self.rate ** tf.floor(step / self.decay_steps)
+    if not self.warmup_steps:
+      return decayed
+    warming = self.peak * step / self.warmup_steps
+    return tf.where(step < self.warmup_steps, warming, decayed)
+
+  def get_config(self):
+    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
+            'decay_steps': self.decay_steps, 'rate': self.rate}
+
+
+def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
+  """Linear warmup to `peak`, then cosine decay to 0 over the rest of the
+  run, or tensorflow/tpu's exponential staircase (lr_schedule)."""
+  warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
+                     max(total_steps - 1, 0))
+  if config.lr_schedule == 'exponential':
+    return WarmupExponentialDecay(
+        peak, warmup_steps,
+        max(config.lr_decay_epochs * steps_per_epoch, 1.0),
+        config.lr_decay_rate)
+  return keras.optimizers.schedules.CosineDecay(
+      initial_learning_rate=0.0, warmup_target=peak, warmup_steps=warmup_steps,
+      decay_steps=max(total_steps - warmup_steps, 1))
+
+
+def make_optimizer(config, peak, total_steps, steps_per_epoch):
+  """The config's optimizer on its learning-rate schedule, peaking at `peak`.
+
+  `total_steps` and `steps_per_epoch` count updates (an update with
+  gradient accumulation takes several micro-batches).
+  """
+  schedule = learning_rate_schedule(config, peak, total_steps,
+                                    steps_per_epoch)
+  if config.optimizer == 'adamw':
+    optimizer = keras.optimizers.AdamW(schedule,
+                                       weight_decay=config.weight_decay)
+  elif config.optimizer == 'sgd':
+    optimizer = keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True,
+                                     weight_decay=config.weight_decay)
+  else:  # rmsprop
+    # tensorflow/tpu's RMSProp: decay 0.9, momentum 0.9, epsilon 1e-3, which
+    # like Keras' sits inside the square root.
+    optimizer = keras.optimizers.RMSprop(
+        schedule, rho=0.9, momentum=0.9, epsilon=1e-3,
+        weight_decay=config.weight_decay)
+  # Decay only weight matrices: decaying norms and biases hurts small models.
+  optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
+                                                 'beta'])
+  return optimizer
+
+
+def take_summed_gradients(optimizer):
+  """Makes `optimizer.apply` take gradients that are already summed.
+
+  Keras' TensorFlow optimizers sum gradients across replicas inside
+  `apply`; our replica step sums them first, so a second sum would multiply
+  them by the number of replicas. A loss-scaled optimizer's inner optimizer
+  is the one that sums.
+  """
+  inner = getattr(optimizer, 'inner_optimizer', optimizer)
+  if not hasattr(inner, '_all_reduce_sum_gradients'):
+    raise RuntimeError(f'{type(inner).__name__} no longer has '
+                       '_all_reduce_sum_gradients; update steps.py for this '
+                       'Keras version')
+  inner._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
