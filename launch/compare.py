@@ -25,12 +25,12 @@ import tensorflow as tf
 
 from launch import cli
 from pipeline import compare
+from pipeline import console
 from pipeline.errors import UserError
 
-POLICIES = flags.DEFINE_string(
-    'policies', 'float32,mixed_bfloat16',
-    f'Comma list of policies to compare; accepted: '
-    f'{", ".join(compare.ACCEPTED)}.')
+POLICIES = cli.define_policy_list(
+    'policies', ['float32', 'mixed_bfloat16'],
+    'Comma list of the policies to compare.')
 SEEDS = flags.DEFINE_string(
     'seeds', '', 'Comma list of seeds, one run per policy and seed; empty: '
     'the config seed. With several, the table shows means.')
@@ -43,6 +43,7 @@ DOUBLE_BATCH_16BIT = flags.DEFINE_bool(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  console.setup()  # Own lines and warnings; other libraries' INFO kept out.
   config = cli.load_config()
   try:
     if cli.POLICY.present or cli.DRY_RUN.present:
@@ -51,7 +52,7 @@ def main(argv):
     # The runs are child processes: this one must not take an accelerator.
     tf.config.set_visible_devices([], 'GPU')
     request = compare.Request(
-        policies=compare.parse_policies(POLICIES.value),
+        policies=POLICIES.value,
         seeds=compare.parse_seeds(SEEDS.value, config.seed),
         double_batch_16bit=DOUBLE_BATCH_16BIT.value,
         root=cli.WORKDIR.value or f'runs/compare_{config.model}_'

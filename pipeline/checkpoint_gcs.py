@@ -3,19 +3,18 @@
 A checkpoint of step N counts on GCS only once every file is uploaded (each
 verified by CRC32C) to `<series>/ckpt-N/` and `<series>/ckpt-N/COMMITTED`
 is written last, listing the files and their checksums. Uploads run on a
-background thread from a hard-linked snapshot (`<local>/uploading/ckpt-N`),
+one-thread executor from a hard-linked snapshot (`<local>/uploading/ckpt-N`),
 so training waits only for the local save, and the local manager deleting
 old files never touches a file being uploaded. Restore takes the newest
 committed checkpoint; at start the chief first finishes staged uploads newer
 than it and deletes folders that have no marker.
 """
 
+import concurrent.futures
 import json
 import os
-import queue
 import re
 import shutil
-import threading
 
 from absl import logging
 from google.api_core import exceptions
@@ -61,10 +60,11 @@ class CommittedSeries:
     self.local_dir = local_dir
     self.max_to_keep = max_to_keep
     self.uploads = uploads
-    self._queue = queue.Queue(maxsize=1)  # One upload waits at most.
-    self._error = None
-    if uploads:
-      threading.Thread(target=self._upload_loop, daemon=True).start()
+    # One upload at a time, in order; each future holds its upload's error.
+    self._executor = (concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix='checkpoint-upload')
+                      if uploads else None)
+    self._pending = []  # Futures not yet reported, oldest first.
 
   @property
   def url(self):
@@ -163,18 +163,19 @@ class CommittedSeries:
     for name in os.listdir(self.local_dir):
       if name.startswith(f'ckpt-{step}.'):
         os.link(os.path.join(self.local_dir, name), os.path.join(staged, name))
-    self._queue.put(step)
+    running = [f for f in self._pending if not f.done()]
+    if len(running) > 1:  # One uploading and one queued: wait for the first.
+      concurrent.futures.wait(running[:1])
+    previous = self._pending[-1] if self._pending else None
+    self._pending.append(self._executor.submit(self._upload_after, previous,
+                                               step))
 
-  def _upload_loop(self):
-    while True:
-      step = self._queue.get()
-      try:
-        if self._error is None:
-          self._upload(step)
-      except Exception as e:  # Reported to the training loop, not lost.
-        self._error = e
-      finally:
-        self._queue.task_done()
+  def _upload_after(self, previous, step):
+    """Uploads `step` unless the upload before it failed: then this one
+    stays staged too, for the next start to finish, and fails the same."""
+    if previous is not None and previous.exception() is not None:
+      raise previous.exception()
+    self._upload(step)
 
   def _upload(self, step):
     staged = os.path.join(self._staged_root(), f'ckpt-{step}')
@@ -198,13 +199,17 @@ class CommittedSeries:
 
   def wait(self):
     """Blocks until queued uploads are committed; raises if one failed."""
-    self._queue.join()
+    concurrent.futures.wait(self._pending)
     self.raise_if_failed()
 
   def raise_if_failed(self):
-    if self._error is not None:
-      error, self._error = self._error, None
+    """UploadError for the first finished upload that failed, once."""
+    failed = next((f.exception() for f in self._pending
+                   if f.done() and f.exception() is not None), None)
+    self._pending = [f for f in self._pending if not f.done()]
+    if failed is not None:
       raise UploadError(
-          f'checkpoint upload to {self.remote.url} failed: {error}; the '
+          f'checkpoint upload to {self.remote.url} failed: '
+          f'{getattr(failed, "detail", failed)}; the '
           f'checkpoint is kept in {self._staged_root()}; rerun the same '
           'command to upload it and resume once GCS is reachable')

@@ -21,28 +21,6 @@ from pipeline import sources
 from pipeline import storage
 from pipeline.errors import UserError
 
-ACCEPTED = tuple(p for p in precision.POLICIES if p != 'auto')
-
-
-def parse_policies(text):
-  """Policy names from a comma list, each checked; one-line UserError."""
-  names = [n.strip() for n in text.split(',') if n.strip()]
-  if not names:
-    raise UserError(f'--policies={text!r} names no policy; accepted: '
-                    f'{", ".join(ACCEPTED)}')
-  for name in names:
-    if name == 'auto':
-      raise UserError("--policies: 'auto' picks a different policy per "
-                      'device; name the policies to compare, e.g. '
-                      'float32,mixed_bfloat16')
-    if name not in ACCEPTED:
-      raise UserError(f'--policies: unknown policy {name!r}; accepted: '
-                      f'{", ".join(ACCEPTED)}')
-  if len(set(names)) < len(names):
-    raise UserError(f'--policies={text!r} names a policy twice')
-  return names
-
-
 def parse_seeds(text, default_seed):
   """Seeds from a comma list of integers; '' means [default_seed]."""
   if not text.strip():

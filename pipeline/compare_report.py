@@ -6,8 +6,12 @@ root. Running the runs is pipeline/compare.py.
 """
 
 import json
+import logging as std_logging
 import os
 import statistics
+
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 from pipeline import storage
 from pipeline.errors import UserError
@@ -136,20 +140,22 @@ def write_reports(root, summary):
 
 
 def read_scalars(folder, tag):
-  """[(step, value)] for scalar `tag` in the event files under `folder`."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  values = {}
-  for path in sorted(tf.io.gfile.glob(os.path.join(folder, 'events.*'))):
-    for record in tf.data.TFRecordDataset(path):
-      event = tf.compat.v1.Event.FromString(record.numpy())
-      for value in event.summary.value:
-        if value.tag != tag:
-          continue
-        # tf.summary.scalar writes tensor events; older writers simple_value.
-        number = (float(tf.make_ndarray(value.tensor))
-                  if value.HasField('tensor') else value.simple_value)
-        values[event.step] = number  # A resumed run rewrites a step: last wins.
-  return sorted(values.items())
+  """[(step, value)] of scalar `tag` in the TensorBoard event files under
+  `folder`, read by TensorBoard's own EventAccumulator: where a resumed run
+  wrote a step again, the later value is kept, as TensorBoard shows it."""
+  # TensorBoard logs each file it finished reading at INFO: not news here.
+  std_logging.getLogger('tensorboard').setLevel(std_logging.WARNING)
+  accumulator = event_accumulator.EventAccumulator(
+      folder, size_guidance={event_accumulator.TENSORS: 0,
+                             event_accumulator.SCALARS: 0})
+  accumulator.Reload()
+  tags = accumulator.Tags()
+  if tag in tags[event_accumulator.TENSORS]:  # What tf.summary.scalar writes.
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+            for e in accumulator.Tensors(tag)]
+  if tag in tags[event_accumulator.SCALARS]:  # tf.compat.v1 writers.
+    return [(e.step, e.value) for e in accumulator.Scalars(tag)]
+  return []
 
 
 def plot(root, runs, metrics_by_run):

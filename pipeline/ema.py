@@ -10,7 +10,11 @@ initial weights (0.9999 without warm-up keeps 90% of them for 1,000 steps).
 
 Not Keras 3's optimizer option `use_ema`: it averages trainable variables
 only, counts steps the loss scale skipped, and evaluates by overwriting the
-model's variables with no way back to the raw ones.
+model's variables with no way back to the raw ones. Not TensorFlow's
+`tf.train.ExponentialMovingAverage` either: in a replica context its
+`assign_moving_average` does a merge_call that all-reduces every averaged
+variable at every step (the whole model, each step), where the values are
+equal on every replica already, and it takes tf.Variables, not Keras 3's.
 
 The averages are float32 under every policy (the model's variables are),
 updated in the replica step after each applied update (a step the loss

@@ -7,7 +7,8 @@ loopback. Credentials are Application Default Credentials; the
 client finds them, and nothing here ever prints or logs them.
 
 Every call retries 429, 5xx and dropped connections with exponential backoff
-up to `timeout_s`; what still fails raises GcsError with one readable line.
+up to `timeout_s`; what still fails raises GcsError, a UserError: the
+launchers print its one line and exit non-zero.
 """
 
 import json
@@ -23,8 +24,15 @@ from pipeline.errors import UserError
 from pipeline.errors import first_line
 
 
-class GcsError(Exception):
-  """A GCS call that failed after its retries."""
+class GcsError(UserError):
+  """A GCS call that failed after its retries: one line, like any mistake a
+  user can act on (the network, the bucket, its permissions). What the run
+  wrote stays in its local staging copy."""
+
+  def __init__(self, detail):
+    super().__init__(f'{detail}; the staged copy is kept: rerun the same '
+                     'command once GCS is reachable')
+    self.detail = detail  # What failed, without the advice.
 
 
 def is_gcs(path):
@@ -45,6 +53,7 @@ class Location:
   def __init__(self, url, timeout_s=120.0):
     self.url = url.rstrip('/')
     self.bucket_name, self.prefix = split_url(url)
+    self.timeout_s = timeout_s
     self.retry = DEFAULT_RETRY.with_deadline(timeout_s).with_delay(
         initial=0.5, maximum=8.0, multiplier=2.0)
     self._client = None
@@ -71,7 +80,8 @@ class Location:
       raise
     except (exceptions.GoogleAPIError, retries.exceptions.RetryError,
             ConnectionError, OSError) as e:
-      raise GcsError(f'{what} failed: {first_line(e)}') from None
+      raise GcsError(f'{what} failed after retrying for {self.timeout_s:g} s '
+                     f'({first_line(e)})') from None
 
   def preflight(self):
     """Proves the bucket exists and this run can write and delete in it."""
@@ -88,7 +98,8 @@ class Location:
       raise UserError(f'no permission to write to bucket {self.bucket_name!r}'
                       f' ({self.url}): {first_line(e)}') from None
     except GcsError as e:
-      raise UserError(f'workdir {self.url} is not reachable: {e}') from None
+      raise UserError(f'workdir {self.url} is not reachable: {e.detail}'
+                      ) from None
 
   def upload(self, local_path, relative):
     """Uploads a file; the client verifies its CRC32C against the server's."""

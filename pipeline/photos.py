@@ -49,13 +49,12 @@ def make_jpegs(num_images, seed=0):
 def write(output_prefix, num_images, num_files, num_classes=10, seed=0):
   """Writes the set as TFRecord files `{prefix}-0000i-of-0000n`; returns the
   mean encoded size in bytes."""
-  writers = [tf.io.TFRecordWriter(
-      f'{output_prefix}-{i:05d}-of-{num_files:05d}') for i in range(num_files)]
-  total = 0
-  for index, encoded in enumerate(make_jpegs(num_images, seed)):
-    total += len(encoded)
-    writers[index % num_files].write(
-        tfrecords.serialize(encoded, index % num_classes))
-  for writer in writers:
-    writer.close()
-  return total / max(num_images, 1)
+  sizes = []
+
+  def labelled():
+    for index, encoded in enumerate(make_jpegs(num_images, seed)):
+      sizes.append(len(encoded))
+      yield encoded, index % num_classes
+
+  tfrecords.write_shards(output_prefix, num_files, labelled())
+  return sum(sizes) / max(num_images, 1)

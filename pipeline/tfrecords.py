@@ -105,11 +105,21 @@ def export_tfds(dataset, data_dir, split, output_prefix, num_files,
 
   examples = builder.as_dataset(split=split, as_supervised=True).map(
       prepare, num_parallel_calls=tf.data.AUTOTUNE)
+  return write_shards(output_prefix, num_files,
+                      ((encoded, int(label)) for encoded, label in
+                       examples.as_numpy_iterator()))
+
+
+def write_shards(output_prefix, num_files, examples):
+  """Writes (encoded image, label) pairs round-robin into `num_files` files
+  `{prefix}-0000i-of-0000n`, the Cloud TPU layout; returns how many."""
   writers = [tf.io.TFRecordWriter(
       f'{output_prefix}-{i:05d}-of-{num_files:05d}') for i in range(num_files)]
   count = 0
-  for count, (encoded, label) in enumerate(examples.as_numpy_iterator(), 1):
-    writers[count % num_files].write(serialize(encoded, int(label)))
-  for writer in writers:
-    writer.close()
+  try:
+    for count, (encoded, label) in enumerate(examples, 1):
+      writers[count % num_files].write(serialize(encoded, label))
+  finally:
+    for writer in writers:
+      writer.close()
   return count
