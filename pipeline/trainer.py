@@ -15,9 +15,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import data
+from pipeline import decode
 from pipeline import ema as ema_lib
 from pipeline import models
+from pipeline import optimizers
 from pipeline import precision
 from pipeline import steps
 from pipeline.errors import UserError
@@ -116,7 +117,7 @@ class Trainer:
     except tf.errors.ResourceExhaustedError:
       raise UserError(self.out_of_memory) from None
     except tf.errors.InvalidArgumentError as e:
-      message = data.label_error(e, self.num_classes, self.label_offset)
+      message = decode.label_error(e, self.num_classes, self.label_offset)
       if message:
         raise UserError(message) from None
       raise
@@ -141,7 +142,8 @@ def out_of_memory_message(config, plan):
   """One line for an accelerator (or host) that ran out of memory."""
   hardware = plan.hardware
   return (f'out of memory on {hardware.device_kind} ({hardware.detail}): '
-          f'{config.model} at image_size={config.image_size} with '
+          f'{config.model} at image_size={config.image_size}, '
+          f'{plan.source.num_classes} classes, with '
           f'{plan.per_replica_batch_size} images per replica '
           f'(global_batch_size={plan.global_batch_size}) under '
           f'{plan.policy}; lower --config.global_batch_size or '
@@ -167,10 +169,10 @@ def _build(config, plan):
   with strategy.scope():
     model = models.build_model(
         config.model, num_classes, config.image_size, config.dropout_rate,
-        config.batch_norm_momentum, config.get('drop_connect_rate', 0.2))
+        config.batch_norm_momentum, config.drop_connect_rate)
     optimizer = precision.wrap_optimizer(
-        steps.make_optimizer(config, plan.peak_learning_rate,
-                             plan.total_steps, plan.steps_per_epoch),
+        optimizers.make_optimizer(config, plan.peak_learning_rate,
+                                  plan.total_steps, plan.steps_per_epoch),
         plan.policy, hardware.device_kind)
     # Built now, so a checkpoint restores into existing slots (the frozen
     # backbone's too: they wait, unchanged, for the whole-model phase).
@@ -178,7 +180,7 @@ def _build(config, plan):
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     ema = (ema_lib.MovingAverage(model, config.ema_decay)
-           if config.get('ema_decay', 0.0) else None)
+           if config.ema_decay else None)
 
   def train_function():
     return steps.make_train_function(
@@ -186,8 +188,8 @@ def _build(config, plan):
         config.label_smoothing, step,
         # TPUs compile the whole program anyway; elsewhere XLA is per step.
         jit_compile=plan.xla and hardware.device_kind != 'TPU',
-        accumulation_steps=config.get('gradient_accumulation_steps', 1),
-        l2_weight_decay=config.get('l2_weight_decay', 0.0), ema=ema)
+        accumulation_steps=config.gradient_accumulation_steps,
+        l2_weight_decay=config.l2_weight_decay, ema=ema)
 
   eval_fn = steps.make_eval_function(model, strategy, num_classes)
   return Trainer(model, optimizer, step, train_function(), eval_fn,

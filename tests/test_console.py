@@ -107,3 +107,35 @@ def test_real_tensorflow_warnings_still_show(tmp_path):
   assert 'did not fully read the dataset being cached' in result.stderr
   assert 'a TensorFlow warning from Python' in result.stderr
   assert not NOISE.search(result.stderr), result.stderr
+
+
+@pytest.mark.parametrize('total_steps, points', [
+    (8, 8), (200, 200), (201, 101), (399, 200), (400, 200), (401, 134),
+    (218_949, 200)])
+def test_the_loss_curve_has_at_most_200_points(total_steps, points):
+  from pipeline import progress  # pylint: disable=g-import-not-at-top
+  every = progress.curve_every(total_steps)
+  steps = [s for s in range(1, total_steps + 1)
+           if s % every == 0 or s == total_steps]
+  assert len(steps) == points
+
+
+def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
+  """The plan lines under README's "What a run does" against a dry run of
+  the same command today: equal, but for the time, the workdir and the free
+  memory."""
+  from conftest import run_train  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'README.md')) as f:
+    readme = f.read()
+  sample = readme.split('## What a run does', 1)[1].split('```')[1]
+  normal = lambda lines: [
+      re.sub(r'[\d.]+ GiB free', 'N GiB free', re.sub(
+          r'^Workdir: .*', 'Workdir: W', line.split(' ', 1)[1]))
+      for line in lines if re.match(r'\d\d:\d\d:\d\d [A-Z][A-Za-z]+: ', line)
+      and not line.split(' ', 1)[1].startswith(('Done:', 'Eval at'))]
+  result = run_train(f'--workdir={tmp_path / "run"}',
+                     f'--config.data_dir={tfds_dir}', '--dry_run')
+  assert result.returncode == 0, result.stderr[-2000:]
+  expected = normal(sample.strip().splitlines())
+  assert len(expected) == 9 and expected[0].startswith('Run: CPU')
+  assert normal(result.stderr.splitlines()) == expected

@@ -74,15 +74,20 @@ def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy, seed):
     assert int(step.numpy()) == 40
     applied = int(optimizer.iterations.numpy())
     if precision.needs_loss_scaling(policy):
-      # Every step is counted; skipped ones lower the dynamic scale.
-      assert 0 < applied <= 40
-      assert 0 < optimizer.dynamic_scale.numpy() <= 2**15
-      # The known Keras bug (xfail case) leaves NaN weights here.
+      # Every step is counted; the first overflows at the initial scale of
+      # 2**15 and is skipped. Each skip halves the scale (it doubles only
+      # after 2,000 good steps), so the scale tells the skips apart.
+      skipped = 40 - applied
+      assert 1 <= skipped <= 3
+      assert optimizer.dynamic_scale.numpy() == 2.0**15 / 2**skipped
+      # A skip on one replica's inf is a skip on both: no NaN reaches them.
       assert all(np.isfinite(v.numpy()).all() for v in model.weights)
     else:
       assert applied == 40
-      assert np.all(np.isfinite(losses[-3:]))
-      assert losses[-1] < losses[0]
+    assert np.all(np.isfinite(losses))
+    # Learned (1.18 -> 0.73 under each policy, measured): updates that
+    # applied nothing would leave it near 1.
+    assert losses[-1] < 0.8 * losses[0], losses
     assert not np.allclose(model.layers[2].kernel.numpy(), kernel_before)
     # Both replicas hold the same weights after the all-reduced updates.
     for variable in (model.layers[2].kernel,  # Trainable: all-reduced grads.
@@ -108,7 +113,8 @@ def test_last_execution_may_run_fewer_steps(mirrored):
   train(iterator, tf.constant(4))
   out = train(iterator, tf.constant(3))  # Same trace, fewer steps.
   assert int(step.numpy()) == 7 == int(optimizer.iterations.numpy())
-  assert 0.0 <= float(out['accuracy']) <= 1.0
+  assert len(out['step_losses']) == 3  # One loss per step of this call.
+  assert float(out['loss']) == pytest.approx(np.mean(out['step_losses']))
   assert float(out['input_wait_s']) >= 0.0
 
 
@@ -136,8 +142,39 @@ def test_eval_counts_each_example_once_with_padding(mirrored):
   assert confusion.shape == (NUM_CLASSES, NUM_CLASSES)
   assert confusion.sum() == 5.0 and confusion[0].sum() == 5.0
   assert float(result['accuracy']) == pytest.approx(confusion[0, 0] / 5)
-  # Top-k with k = min(5, 4 classes): every class is in it.
-  assert float(result['top5_accuracy']) == 1.0
+
+
+def _logits_are_the_images(images, training):
+  # A module-level function, not a lambda: autograph caches conversions by
+  # code object, and a collected lambda's slot was seen reused by another.
+  del training
+  return images
+
+
+def test_eval_counts_top_five_hits(mirrored):
+  """Logits chosen so the true class ranks 1st, 5th and 6th of 7 (and a
+  padded example that would be a hit): accuracy 1/3, top-5 2/3."""
+  ranks = np.array([[6, 5, 4, 3, 2, 1, 0],   # label 0: 1st.
+                    [6, 5, 4, 3, 2, 1, 0],   # label 4: 5th.
+                    [6, 5, 4, 3, 2, 1, 0],   # label 5: 6th.
+                    [6, 5, 4, 3, 2, 1, 0]],  # padding (label 0, weight 0).
+                   np.float32)
+  labels = np.array([0, 4, 5, 0], np.int32)
+  weights = np.array([1, 1, 1, 0], np.float32)
+  with mirrored.scope():
+    evaluate = steps.make_eval_function(_logits_are_the_images, mirrored, 7)
+
+  def dataset(input_context):
+    ds = tf.data.Dataset.from_tensor_slices((ranks, labels, weights))
+    ds = ds.shard(input_context.num_input_pipelines,
+                  input_context.input_pipeline_id)
+    return ds.batch(2, drop_remainder=True)
+
+  result = evaluate(iter(mirrored.distribute_datasets_from_function(dataset)),
+                    tf.constant(1))
+  assert float(result['examples']) == 3.0
+  assert float(result['accuracy']) == pytest.approx(1 / 3)
+  assert float(result['top5_accuracy']) == pytest.approx(2 / 3)
 
 
 def test_gradients_are_summed_once_across_replicas(mirrored):

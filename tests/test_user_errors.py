@@ -136,7 +136,43 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
   with pytest.raises(UserError) as error:
     trainer.train(None, 4)
   assert str(error.value) == (
-      'out of memory on CPU (host): efficientnet_b0 at image_size=64 with 64 '
-      'images per replica (global_batch_size=64) under float32; lower '
+      'out of memory on CPU (host): efficientnet_b0 at image_size=64, 10 '
+      'classes, with 64 images per replica (global_batch_size=64) under '
+      'float32; lower '
       '--config.global_batch_size or --config.image_size, or pick a smaller '
       'model or a 16-bit --policy (half the activation memory)')
+
+
+def test_out_of_memory_while_building_is_one_line(tmp_path):
+  """A real ResourceExhaustedError at build time: a head of a billion
+  classes (1280 x 10^9 float32 weights, 5 TB) cannot be allocated. The
+  process gets a 16 GiB address-space limit, so the allocation fails the
+  same way whatever the machine's overcommit setting."""
+  import resource  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from conftest import REPO  # pylint: disable=g-import-not-at-top
+  from pipeline import tfrecords  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  image = tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy()
+  tfrecords.write(str(tmp_path / 'train-0'),
+                  [tfrecords.serialize(image, i) for i in range(8)])
+  limit = 16 << 30
+  result = subprocess.run(
+      [sys.executable, '-m', 'launch.train', f'--workdir={tmp_path / "run"}',
+       '--config.dataset=tfrecord', '--config.num_classes=1000000000',
+       f'--config.train_files={tmp_path}/train-*',
+       f'--config.eval_files={tmp_path}/train-*',
+       '--config.global_batch_size=8'],
+      cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                            (limit, limit)))
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert errors == [
+      'error: out of memory on CPU (host CPU): efficientnet_b0 at '
+      'image_size=32, 1000000000 classes, with 8 images per replica '
+      '(global_batch_size=8) under float32; lower --config.global_batch_size '
+      'or --config.image_size, or pick a smaller model or a 16-bit --policy '
+      '(half the activation memory)'], result.stderr[-2000:]
