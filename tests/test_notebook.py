@@ -1,8 +1,9 @@
 """The Colab notebook runs top to bottom here, on the CPU, offline.
 
 papermill executes notebooks/train_on_colab.ipynb in a real Jupyter kernel
-with the parameters that switch off what needs Colab or the network (clone,
-install, upload) and a tiny run; every other cell runs as a user's would:
+with the parameters that switch off what needs Colab or the network
+(install, upload) and a tiny run; every other cell runs as a user's would,
+from notebooks/ as Jupyter starts it (it finds the checkout it is in):
 the runtime check, a dry run, training, TensorBoard inline, evaluation and
 a prediction with the export. A failing command fails its cell.
 """
@@ -23,9 +24,10 @@ def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
   workdir = str(tmp_path / 'run')
   executed = str(tmp_path / 'executed.ipynb')
   papermill.execute_notebook(
-      NOTEBOOK, executed, cwd=REPO, kernel_name='python3',
+      NOTEBOOK, executed, cwd=os.path.join(REPO, 'notebooks'),
+      kernel_name='python3',
       parameters=dict(
-          CLONE=False, INSTALL=False, UPLOAD=False, WORKDIR=workdir,
+          INSTALL=False, UPLOAD=False, WORKDIR=workdir,
           TRAIN_FLAGS=(f'--config.data_dir={tfds_dir} '
                        '--config.train_split=train[:128] --config.epochs=1 '
                        '--config.global_batch_size=32')))
@@ -34,6 +36,7 @@ def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
   text = ''.join(''.join(output.get('text', ''))
                  for cell in cells for output in cell.get('outputs', []))
   assert 'Runtime: CPU' in text
+  assert f'Project in {REPO}' in text
   assert 'dry run: everything checks out' in text
   assert 'Done: eval_accuracy' in text
   assert 'Evaluated step 4' in text
