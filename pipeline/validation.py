@@ -35,15 +35,14 @@ def complete(values, source='the config'):
   if unknown:
     raise UserError(f'unknown config key {unknown[0]!r} in {source}; the keys '
                     'are the fields of configs/default.py')
-  with config.ignore_type():  # An int where the default is a float is fine.
-    config.update(values)
-  return config
-
-
-def locked(config):
-  """`config` completed and locked: new keys are refused, values may change."""
-  config = complete(config)
-  config.lock()
+  for key, value in values.items():
+    try:
+      config[key] = value  # An int where the default is a float is fine.
+    except TypeError:
+      raise UserError(
+          f'config key {key!r} in {source} is {value!r} '
+          f'({type(value).__name__}); configs/default.py has '
+          f'{config[key]!r} ({type(config[key]).__name__})') from None
   return config
 
 

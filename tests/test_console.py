@@ -122,15 +122,15 @@ def test_the_loss_curve_has_at_most_200_points(total_steps, points):
 
 def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   """The plan lines under README's "What a run does" against a dry run of
-  the same command today: equal, but for the time, the workdir and the free
-  memory."""
+  the same command today: equal, but for the time, the workdir, the free
+  memory and the versions (the TPU build runs this too)."""
   from conftest import run_train  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'README.md')) as f:
     readme = f.read()
   sample = readme.split('## What a run does', 1)[1].split('```')[1]
   normal = lambda lines: [
       re.sub(r'[\d.]+ GiB free', 'N GiB free', re.sub(
-          r'^Workdir: .*', 'Workdir: W', line.split(' ', 1)[1]))
+          r'^(Workdir|Software): .*', r'\1: -', line.split(' ', 1)[1]))
       for line in lines if re.match(r'\d\d:\d\d:\d\d [A-Z][A-Za-z]+: ', line)
       and not line.split(' ', 1)[1].startswith(('Done:', 'Eval at'))]
   result = run_train(f'--workdir={tmp_path / "run"}',

@@ -298,28 +298,33 @@ def test_killed_run_resumes_its_step_count(tmp_path, tfds_dir):
   assert _metrics(workdir)['train_steps'] == 0
 
 
-@pytest.mark.parametrize('flags, named', [
-    (['--policy=fp8'], "--policy=fp8"),
-    (['--num_cpu_devices=2', '--config.global_batch_size=33'],
-     'global_batch_size=33'),
-    (['--config.dataset=no_such_set'], "'no_such_set'"),
-    (['--config.model=efficientnet_b9'], "'efficientnet_b9'"),
-    (['--config.no_such_key=1'], "'no_such_key'"),
-    (['--config.steps_per_execution=-1'], 'steps_per_execution=-1'),
-    (['--config=configs/no_such_config.py'], 'configs/no_such_config.py'),
-    (['--config.model=efficientnet_b1'], 'efficientnet_b1'),  # Another run's workdir.
-])
-def test_bad_input_fails_in_one_line_and_keeps_the_workdir(
-    mirrored_run, tfds_dir, flags, named):
+def test_bad_input_fails_in_one_line_and_keeps_the_workdir(mirrored_run,
+                                                           tfds_dir):
+  """Mistakes the launcher meets before anything is built, each a real
+  process on the finished run's workdir, two at a time: one line, a
+  non-zero exit, the workdir untouched. Bad config values are
+  tests/test_validation.py's table (the same UserError path)."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
   workdir, _ = mirrored_run
   before = tree_digest(workdir)
-  # --config=FILE must come before its --config.KEY overrides.
-  result = run_train(*flags, f'--workdir={workdir}',
-                     f'--config.data_dir={tfds_dir}', timeout=300)
-  assert result.returncode != 0
-  assert 'Traceback' not in result.stderr
-  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
-  assert len(errors) == 1 and named in errors[0], result.stderr[-2000:]
+  cases = [
+      (['--policy=fp8'], '--policy=fp8'),
+      (['--num_cpu_devices=2', '--config.global_batch_size=33'],
+       'global_batch_size=33'),
+      (['--config.dataset=no_such_set'], "'no_such_set'"),
+      (['--config.no_such_key=1'], "'no_such_key'"),
+      # --config=FILE must come before its --config.KEY overrides.
+      (['--config=configs/no_such_config.py'], 'configs/no_such_config.py'),
+      (['--config.model=efficientnet_b1'], 'efficientnet_b1'),  # Another run's.
+  ]
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    results = list(pool.map(lambda case: run_train(
+        *case[0], f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',
+        timeout=300), cases))
+  for (flags, named), result in zip(cases, results):
+    errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+    assert result.returncode != 0 and 'Traceback' not in result.stderr, flags
+    assert len(errors) == 1 and named in errors[0], result.stderr[-2000:]
   assert tree_digest(workdir) == before
 
 

@@ -96,6 +96,13 @@ def test_a_key_the_default_lacks_is_one_line():
     validation.complete({'epoch': 3}, source='my.py')
 
 
+def test_a_value_of_another_type_is_one_line():
+  with pytest.raises(UserError, match=r"config key 'epochs' in my.py is 'ten' "
+                     r'\(str\); configs/default.py has 20 \(int\)'):
+    validation.complete({'epochs': 'ten'}, source='my.py')
+  assert validation.complete({'warmup_epochs': 3}).warmup_epochs == 3.0
+
+
 def test_a_run_json_from_before_a_key_existed_still_reads(tmp_path):
   """What launch.evaluate and init_from read: an old run.json without
   ema_decay and recovery_max_trials (keys added later) completes with
@@ -127,3 +134,13 @@ def test_a_config_file_that_omits_keys_runs_and_takes_overrides(tmp_path,
   assert result.returncode == 0, result.stderr[-2000:]
   assert ('66 steps' not in result.stderr and
           '132 steps (3 epochs of 44)' in result.stderr), result.stderr[-2000:]
+
+
+def test_a_missing_config_file_in_the_space_form_is_named(tmp_path):
+  missing = str(tmp_path / 'nope.py')
+  result = run_module('launch.train', '--config', missing, '--dry_run')
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert errors == [f"error: config file {missing!r} could not be loaded; "
+                    'pass a Python file with get_config(), e.g. '
+                    'configs/default.py'], result.stderr[-2000:]
