@@ -139,13 +139,17 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
     'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
     'accelerators.')
+WORKDIR_LEASE_S = flags.DEFINE_float(
+    'workdir_lease_s', plan.Request.workdir_lease_s,
+    'A gs:// workdir is held by a lease its run renews; one not renewed for '
+    'this long has lapsed, and the next run takes it over.')
 ALLOW_CPU = flags.DEFINE_bool(
     'allow_cpu', False, 'Train on the CPU even though this machine has '
     'NVIDIA GPUs that TensorFlow cannot use (otherwise the run stops).')
 # What launch.compare passes on to every run it starts.
 HARDWARE_FLAGS = (TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
                   XLA, COLLECTIVE, COLLECTIVE_TIMEOUT_S, STAGING_DIR,
-                  NUM_CPU_DEVICES, ALLOW_CPU)
+                  NUM_CPU_DEVICES, ALLOW_CPU, WORKDIR_LEASE_S)
 
 
 def define_policy_list(name, default, help_text, required=True,
@@ -202,7 +206,7 @@ def request(config, workdir_default=True):
       tpu_runtime_version=TPU_RUNTIME_VERSION.value, gpus=GPUS.value,
       num_cpu_devices=NUM_CPU_DEVICES.value, collective=COLLECTIVE.value,
       collective_timeout_s=COLLECTIVE_TIMEOUT_S.value,
-      allow_cpu=ALLOW_CPU.value)
+      allow_cpu=ALLOW_CPU.value, workdir_lease_s=WORKDIR_LEASE_S.value)
 
 
 def config_args():

@@ -18,6 +18,7 @@ from launch import cli
 from pipeline import console
 from pipeline import plan as plan_lib
 from pipeline import train
+from pipeline import workdir_lock
 from pipeline.errors import Preempted
 from pipeline.errors import UserError
 
@@ -33,6 +34,8 @@ def main(argv):
   try:
     plan = plan_lib.resolve(config, cli.request(config))
     if cli.DRY_RUN.value:
+      if plan.hardware.is_chief:
+        workdir_lock.WorkdirLock(plan.workdir).check()
       print('dry run: everything checks out; the run would start')
       return
     train.train_and_evaluate(config, plan)

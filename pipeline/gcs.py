@@ -73,11 +73,13 @@ class Location:
   def name(self, relative):
     return f'{self.prefix}/{relative}' if self.prefix else relative
 
-  def _call(self, what, function, *args, **kwargs):
+  def call(self, what, function, *args, **kwargs):
+    """`function(*args, **kwargs)` with this location's retry; a lasting
+    failure as one GcsError line naming `what`."""
     try:
       return function(*args, **kwargs, retry=self.retry)
-    except exceptions.NotFound:
-      raise
+    except (exceptions.NotFound, exceptions.PreconditionFailed):
+      raise  # Answers, not faults: the caller decides.
     except (exceptions.GoogleAPIError, retries.exceptions.RetryError,
             ConnectionError, OSError) as e:
       raise GcsError(f'{what} failed after retrying for {self.timeout_s:g} s '
@@ -88,9 +90,9 @@ class Location:
     probe = self.name(f'.preflight-{os.getpid()}')
     try:
       blob = self.bucket.blob(probe)
-      self._call(f'writing gs://{self.bucket_name}/{probe}',
+      self.call(f'writing gs://{self.bucket_name}/{probe}',
                  blob.upload_from_string, b'ok')
-      self._call(f'deleting gs://{self.bucket_name}/{probe}', blob.delete)
+      self.call(f'deleting gs://{self.bucket_name}/{probe}', blob.delete)
     except exceptions.NotFound:
       raise UserError(f'bucket {self.bucket_name!r} does not exist (workdir '
                       f'{self.url}); create it or fix --workdir') from None
@@ -104,24 +106,24 @@ class Location:
   def upload(self, local_path, relative):
     """Uploads a file; the client verifies its CRC32C against the server's."""
     blob = self.bucket.blob(self.name(relative))
-    self._call(f'uploading {local_path} to {self.url}/{relative}',
+    self.call(f'uploading {local_path} to {self.url}/{relative}',
                blob.upload_from_filename, local_path, checksum='crc32c')
     return blob.crc32c
 
   def download(self, relative, local_path):
     blob = self.bucket.blob(self.name(relative))
-    self._call(f'downloading {self.url}/{relative}', blob.download_to_filename,
+    self.call(f'downloading {self.url}/{relative}', blob.download_to_filename,
                local_path, checksum='crc32c')
 
   def write_text(self, relative, text):
     blob = self.bucket.blob(self.name(relative))
-    self._call(f'writing {self.url}/{relative}', blob.upload_from_string,
+    self.call(f'writing {self.url}/{relative}', blob.upload_from_string,
                text.encode())
 
   def read_json(self, relative):
     blob = self.bucket.blob(self.name(relative))
     try:
-      return json.loads(self._call(f'reading {self.url}/{relative}',
+      return json.loads(self.call(f'reading {self.url}/{relative}',
                                    blob.download_as_bytes))
     except exceptions.NotFound:
       return None
@@ -129,7 +131,7 @@ class Location:
   def list(self, relative_prefix=''):
     """Relative names of the objects under `relative_prefix`."""
     start = len(self.prefix) + 1 if self.prefix else 0
-    blobs = self._call(
+    blobs = self.call(
         f'listing {self.url}/{relative_prefix}',
         lambda retry: list(self.bucket.client.list_blobs(
             self.bucket_name, prefix=self.name(relative_prefix),
@@ -138,7 +140,7 @@ class Location:
 
   def delete(self, relative):
     try:
-      self._call(f'deleting {self.url}/{relative}',
+      self.call(f'deleting {self.url}/{relative}',
                  self.bucket.blob(self.name(relative)).delete)
     except exceptions.NotFound:
       pass

@@ -43,6 +43,8 @@ class Request:
   collective: str = 'auto'
   collective_timeout_s: float = 300.0  # Bounds every collective.
   allow_cpu: bool = False  # Train on the CPU beside unusable NVIDIA GPUs.
+  # A gs:// workdir's lease lapses this long after its holder's last renewal.
+  workdir_lease_s: float = 120.0
 
   def find_hardware(self):
     return devices.resolve(self.tpu, self.tpu_zone, self.gcp_project,
@@ -214,7 +216,8 @@ def _open_workdir(config, request, hardware):
     return None
   if hardware.tpu_workers_remote:
     storage.check_remote_tpu_paths(config, request.workdir)
-  workdir = storage.Workdir(request.workdir, request.staging_dir)
+  workdir = storage.Workdir(request.workdir, request.staging_dir,
+                            lease_s=request.workdir_lease_s)
   if hardware.is_chief:
     workdir.check()  # For gs://: bucket exists and takes a write, or one line.
     if not _check_same_run(workdir, config):  # A run that starts now.

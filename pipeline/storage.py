@@ -93,9 +93,10 @@ class Workdir:
   commit protocol (checkpoint.py); this class carries the small files.
   """
 
-  def __init__(self, url, staging_root, timeout_s=120.0):
+  def __init__(self, url, staging_root, timeout_s=120.0, lease_s=120.0):
     self.url = url
     self.staging_root = staging_root
+    self.lease_s = lease_s  # A gs:// writer's lease (workdir_lock.py).
     if gcs.is_gcs(url):
       self.remote = gcs.Location(url, timeout_s)
       bucket, prefix = gcs.split_url(url)

@@ -21,6 +21,7 @@ from pipeline import preemption as preemption_lib
 from pipeline import progress as progress_lib
 from pipeline import trainer as trainer_lib
 from pipeline import validation
+from pipeline import workdir_lock
 from pipeline.checkpoint import Checkpointer
 
 
@@ -31,16 +32,26 @@ def train_and_evaluate(config, plan, extra_actions=()):
   (see pipeline/actions.py for the interface), so a test can inject a fault.
   """
   hardware, workdir = plan.hardware, plan.workdir
-  log_file = None
+  log_file, hold = None, None
   if hardware.is_chief:
+    # Before anything is written: a second run on this workdir stops here.
+    hold = workdir_lock.WorkdirLock(workdir).acquire()
     workdir.fetch(console.LOG_FILE)  # Appended to, on a resume.
     log_file = console.log_to_file(workdir.path(console.LOG_FILE))
   try:
-    return _train_and_evaluate(config, plan, extra_actions)
+    return _train_and_evaluate(
+        config, plan, [*extra_actions, *([_still_held(hold)] if hold else [])])
   finally:
     console.stop_logging_to(log_file)
     if log_file:
       workdir.publish(console.LOG_FILE)
+    if hold:
+      hold.release()
+
+
+def _still_held(hold):
+  """A periodic action: stop if another run took this one's lease over."""
+  return lambda execution: hold.raise_if_lost()
 
 
 def _train_and_evaluate(config, plan, extra_actions):

@@ -7,6 +7,7 @@ reach GCS through Application Default Credentials.
 
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -52,8 +53,10 @@ def _metrics(emulator, prefix):
 
 
 def _args(prefix, staging, tfds_dir):
+  # A killed run's lease lapses in 8 s (120 s by default).
   return tiny_args(f'gs://runs/{prefix}', tfds_dir, f'--staging_dir={staging}',
-                   '--config.epochs=4', '--config.checkpoint_every_steps=8')
+                   '--config.epochs=4', '--config.checkpoint_every_steps=8',
+                   '--workdir_lease_s=8')
 
 
 # Three processes, two of them training (2 min in CI): the slow tier keeps
@@ -77,6 +80,11 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
   result = run_train(*_args('fresh', tmp_path / 'machine-b', tfds_dir),
                      env=_env(emulator))
   assert result.returncode == 0, result.stderr[-3000:]
+  # The killed machine's lease was fresh: machine-b waited for it to lapse
+  # (it was not renewed), said so, and took it over.
+  assert re.search(r'Workdir gs://runs/fresh is leased by .*: waiting up to '
+                   r'\d+ s', result.stderr), result.stderr[-3000:]
+  assert 'Taking over the lapsed lease' in result.stderr
   metrics = _metrics(emulator, 'fresh')
   assert metrics['initial_step'] >= committed > 0
   assert metrics['initial_step'] % 8 == 0
