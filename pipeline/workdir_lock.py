@@ -78,6 +78,8 @@ def _held_error(url, holder, now=None):
 class _LocalLock:
   """An flock on the workdir's `.writer` file, with the holder inside."""
 
+  lost = None  # A lock the kernel holds for us is never taken over.
+
   def __init__(self, directory, url):
     self.url = url
     self.path = os.path.join(directory, NAME)
@@ -129,14 +131,13 @@ class _LocalLock:
 class _Lease:
   """A lease object in the bucket, conditional on its generation."""
 
-  def __init__(self, location, lease_s, clock=time.time, sleep=time.sleep):
+  def __init__(self, location, lease_s):
     self.location = location
     self.url = location.url
     self.lease_s = lease_s
     self.holder = Holder.me()
     self.generation = None
     self.lost = None  # The message, once another run took the lease over.
-    self._clock, self._sleep = clock, sleep
 
   def _blob(self):
     return self.location.bucket.blob(self.location.name(NAME))
@@ -159,7 +160,7 @@ class _Lease:
   def _write(self, generation):
     """Writes our holder record if the object's generation is `generation`
     (0: absent); True if it did."""
-    self.holder.renewed = self._clock()
+    self.holder.renewed = time.time()
     blob = self._blob()
     try:
       self.location.call(f'writing {self.url}/{NAME}',
@@ -185,7 +186,7 @@ class _Lease:
       if holder and holder.run_id == self.holder.run_id:
         self.generation = generation  # A retried write that had landed.
         return
-      now = self._clock()
+      now = time.time()
       if seen is not None and holder and holder.renewed != seen.renewed:
         raise _held_error(self.url, holder, now)  # It renewed: alive.
       seen = seen or holder
@@ -203,11 +204,11 @@ class _Lease:
             'to renew it (then this one stops) or for the lease to lapse '
             '(a stopped machine; then this one goes on)', self.url,
             holder.describe(now), holder.renewed + self.lease_s - now)
-      self._sleep(min(self.lease_s / 8, holder.renewed + self.lease_s - now))
+      time.sleep(min(self.lease_s / 8, holder.renewed + self.lease_s - now))
 
   def check(self):
     holder, _ = self.read()
-    now = self._clock()
+    now = time.time()
     if holder and now - holder.renewed < self.lease_s:
       raise _held_error(self.url, holder, now)
 
@@ -267,9 +268,9 @@ class WorkdirLock:
   def raise_if_lost(self):
     """At an execution boundary: a one-line UserError if another run took
     the lease over (this run must stop writing)."""
-    lost = getattr(self._lock, 'lost', None)
-    if lost:
-      raise UserError(f'{lost}; this run stopped without writing more')
+    if self._lock.lost:
+      raise UserError(f'{self._lock.lost}; this run stopped without writing '
+                      'more')
 
   def release(self):
     self._stop.set()
