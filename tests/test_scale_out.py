@@ -60,8 +60,8 @@ def test_two_workers_train_together(tmp_path, tfds_dir):
   assert metrics['num_replicas'] == 2 and metrics['num_workers'] == 2
   digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
   assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
-  # Only the chief wrote the workdir, its log file included.
-  assert sorted(os.listdir(workdir)) == ['checkpoints', 'export',
+  # Only the chief wrote the workdir, its log file and writer lock included.
+  assert sorted(os.listdir(workdir)) == ['.writer', 'checkpoints', 'export',
                                          'metrics.json', 'run.json',
                                          'run.log', 'tensorboard']
   assert (workdir / 'run.log').read_text().count('] Done: ') == 1
