@@ -9,6 +9,7 @@ to the staging directory and checkpoint_gcs.CommittedSeries commits it to
 the bucket in the background; only committed checkpoints are restored.
 """
 
+import glob
 import os
 import tempfile
 import time
@@ -22,8 +23,10 @@ from pipeline.checkpoint_gcs import step_of
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 
-# What restoring a truncated, missing or corrupt checkpoint file raises.
-_DAMAGED = (tf.errors.OpError, ValueError, IndexError, AssertionError)
+# What restoring a truncated, missing or corrupt checkpoint file raises
+# (OSError: h5py's, for a Keras checkpoint file).
+_DAMAGED = (tf.errors.OpError, ValueError, IndexError, AssertionError,
+            OSError, KeyError)
 
 
 class Checkpointer:
@@ -34,15 +37,11 @@ class Checkpointer:
   """
 
   def __init__(self, workdir, max_to_keep, is_chief, io_device=None,
-               series='checkpoints', if_missing=None, **trackables):
-    self.trackables = trackables
-    self.checkpoint = tf.train.Checkpoint(**trackables)
+               series='checkpoints', if_missing=None, files=None,
+               **trackables):
     # Trackables a checkpoint may lack (one saved before they existed: a
     # moving average turned on at a resume), and what to do then.
     self.if_missing = if_missing or {}
-    # A TPU Node's variables live on remote hosts, which would otherwise
-    # read and write the files there; '/job:localhost' keeps them here.
-    self.options = tf.train.CheckpointOptions(experimental_io_device=io_device)
     # Where the run's checkpoints live: the chief's folder (local), or GCS.
     self.shared_dir = workdir.path(series)
     self.gcs = None
@@ -57,9 +56,12 @@ class Checkpointer:
           uploads=is_chief)
     # A gs:// run keeps two local copies: enough to stage the next save
     # while the previous one uploads from its own hard-linked snapshot.
-    self.manager = tf.train.CheckpointManager(
-        self.checkpoint, self.directory,
-        max_to_keep=2 if self.gcs else max_to_keep)
+    local_keep = 2 if self.gcs else max_to_keep
+    # The local layer: `files(directory, keep)` (checkpoint_keras for a
+    # JAX run), else TensorFlow's own for `trackables`.
+    self.files = (files(self.directory, local_keep) if files else
+                  TensorFlowFiles(trackables, self.directory, local_keep,
+                                  io_device))
     self.is_chief = is_chief
     self.blocked_s = 0.0
 
@@ -110,9 +112,7 @@ class Checkpointer:
     """Steps of the committed checkpoints, oldest first."""
     if self.gcs:
       return self.gcs.committed_steps()
-    state = tf.train.get_checkpoint_state(self.shared_dir)
-    return sorted(step_of(p) for p in
-                  (state.all_model_checkpoint_paths if state else []))
+    return sorted(step_of(p) for p in self._local_paths())
 
   @property
   def url(self):
@@ -123,8 +123,12 @@ class Checkpointer:
     if self.gcs:
       yield from self.gcs.fetch_newest_first()
       return
-    state = tf.train.get_checkpoint_state(self.shared_dir)
-    yield from reversed(state.all_model_checkpoint_paths if state else [])
+    yield from reversed(self._local_paths())
+
+  def _local_paths(self):
+    """The committed checkpoints in the shared folder, oldest first (a
+    worker that is not the chief reads the chief's folder)."""
+    return self.files.paths(self.shared_dir)
 
   def _set_aside(self, damaged):
     """Takes damaged checkpoints out of the series, keeping their files.
@@ -143,7 +147,7 @@ class Checkpointer:
     folder = os.path.join(self.shared_dir, 'damaged')
     os.makedirs(folder, exist_ok=True)
     for path in damaged:
-      for name in tf.io.gfile.glob(f'{path}.*'):
+      for name in tf.io.gfile.glob(f'{glob.escape(path)}.*'):
         os.replace(name, os.path.join(folder, os.path.basename(name)))
       logging.warning('Moved the damaged checkpoint %s to %s', path, folder)
 
@@ -154,7 +158,7 @@ class Checkpointer:
     Queued commits finish first, so the GCS series is settled.
     """
     self.wait()
-    path = self.manager.latest_checkpoint
+    path = self.files.latest()
     if not path:
       return self.restore_latest()
     self._restore(path)
@@ -162,16 +166,7 @@ class Checkpointer:
 
   def _restore(self, path):
     """Restores every object from `path`; raises one of _DAMAGED if not."""
-    saved = {name.split('/', 1)[0] for name, _ in tf.train.list_variables(path)}
-    missing = [name for name in self.if_missing
-               if name in self.trackables and name not in saved]
-    checkpoint = (tf.train.Checkpoint(**{
-        name: trackable for name, trackable in self.trackables.items()
-        if name not in missing}) if missing else self.checkpoint)
-    # Every object here restored; what the file has beyond them (another
-    # run's optimizer, when fine-tuning from it) may stay unread.
-    checkpoint.restore(path, options=self.options
-                       ).assert_existing_objects_matched().expect_partial()
+    missing = self.files.restore(path, optional=list(self.if_missing))
     logging.info('Restored %s', path)
     for name in missing:
       self.if_missing[name](path)
@@ -181,7 +176,7 @@ class Checkpointer:
     start = time.perf_counter()
     if self.gcs:
       self.gcs.raise_if_failed()
-    path = self.manager.save(checkpoint_number=step, options=self.options)
+    path = self.files.save(step)
     if self.gcs:
       self.gcs.submit(step)
     blocked = time.perf_counter() - start
@@ -195,3 +190,43 @@ class Checkpointer:
       start = time.perf_counter()
       self.gcs.wait()
       self.blocked_s += time.perf_counter() - start
+
+
+class TensorFlowFiles:
+  """The local layer for TensorFlow: tf.train.CheckpointManager saves
+  `<directory>/ckpt-N.index` and `.data-*`, renames them into place, then
+  rewrites its `checkpoint` state file: the commit marker."""
+
+  def __init__(self, trackables, directory, max_to_keep, io_device=None):
+    self.trackables = trackables
+    self.checkpoint = tf.train.Checkpoint(**trackables)
+    # A TPU Node's variables live on remote hosts, which would otherwise
+    # read and write the files there; '/job:localhost' keeps them here.
+    self.options = tf.train.CheckpointOptions(experimental_io_device=io_device)
+    self.manager = tf.train.CheckpointManager(self.checkpoint, directory,
+                                              max_to_keep=max_to_keep)
+
+  def save(self, step):
+    return self.manager.save(checkpoint_number=step, options=self.options)
+
+  def latest(self):
+    return self.manager.latest_checkpoint
+
+  def paths(self, directory):
+    """Committed checkpoints in `directory`, oldest first."""
+    state = tf.train.get_checkpoint_state(directory)
+    return list(state.all_model_checkpoint_paths if state else [])
+
+  def restore(self, path, optional=()):
+    """Restores `path`; returns the `optional` trackables it lacks."""
+    saved = {name.split('/', 1)[0] for name, _ in tf.train.list_variables(path)}
+    missing = [name for name in optional
+               if name in self.trackables and name not in saved]
+    checkpoint = (tf.train.Checkpoint(**{
+        name: trackable for name, trackable in self.trackables.items()
+        if name not in missing}) if missing else self.checkpoint)
+    # Every object here restored; what the file has beyond them (another
+    # run's optimizer, when fine-tuning from it) may stay unread.
+    checkpoint.restore(path, options=self.options
+                       ).assert_existing_objects_matched().expect_partial()
+    return missing
