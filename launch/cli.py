@@ -15,6 +15,7 @@ import ml_collections
 from ml_collections import config_flags
 import tensorflow as tf
 
+from pipeline import backend
 from pipeline import plan
 from pipeline import precision
 from pipeline import validation
@@ -117,6 +118,10 @@ TPU_RUNTIME_VERSION = flags.DEFINE_string(
 GPUS = flags.DEFINE_string(
     'gpus', '', "GPUs for the MirroredStrategy, by index or name, e.g. '0,2'; "
     'empty: all visible GPUs.')
+BACKEND = flags.DEFINE_enum(
+    'backend', 'auto', backend.BACKENDS,
+    "Keras' backend: auto picks JAX where a TPU is asked for or attached "
+    "and no TensorFlow TPU build is installed, TensorFlow otherwise.")
 POLICY = flags.DEFINE_enum('policy', plan.Request.policy, precision.POLICIES,
                            'Precision policy; auto picks one per device.')
 XLA = flags.DEFINE_enum('xla', plan.Request.xla, ['auto', 'on', 'off'],
@@ -147,7 +152,7 @@ ALLOW_CPU = flags.DEFINE_bool(
     'allow_cpu', False, 'Train on the CPU even though this machine has '
     'NVIDIA GPUs that TensorFlow cannot use (otherwise the run stops).')
 # What launch.compare passes on to every run it starts.
-HARDWARE_FLAGS = (TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
+HARDWARE_FLAGS = (BACKEND, TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
                   XLA, COLLECTIVE, COLLECTIVE_TIMEOUT_S, STAGING_DIR,
                   NUM_CPU_DEVICES, ALLOW_CPU, WORKDIR_LEASE_S)
 

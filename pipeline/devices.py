@@ -48,7 +48,10 @@ class Hardware:
   @property
   def strategy_name(self):
     """The strategy as users know it (MultiWorkerMirroredStrategy's class is
-    CollectiveAllReduceStrategy inside TensorFlow)."""
+    CollectiveAllReduceStrategy inside TensorFlow); a JAX run's names
+    itself (devices_jax)."""
+    if hasattr(self.strategy, 'name'):
+      return self.strategy.name
     for cls, name in _STRATEGY_NAMES:
       if isinstance(self.strategy, cls):
         return name
@@ -63,7 +66,8 @@ def software():
   """The packages the run executes on, e.g. 'tensorflow-tpu 2.20.0, keras
   3.15.1, libtpu 0.0.14': what a user checks first on new hardware."""
   found = []
-  for name in ('tensorflow', 'tensorflow-tpu', 'keras', 'libtpu'):
+  for name in ('tensorflow', 'tensorflow-tpu', 'tensorflow-cpu', 'jax',
+               'keras', 'libtpu'):
     try:
       found.append(f'{name} {importlib.metadata.version(name)}')
     except importlib.metadata.PackageNotFoundError:

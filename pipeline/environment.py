@@ -11,6 +11,9 @@ import re
 import subprocess
 import sys
 
+from pipeline import backend
+from pipeline.errors import UserError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What TensorFlow's and libtpu's native code print at start-up on a machine
@@ -54,7 +57,12 @@ def requested_policy(argv):
 
 
 def prepare(argv):
-  """Sets TensorFlow's load-time switches for the run `argv` asks for."""
+  """Sets TensorFlow's and Keras' load-time switches for the run `argv`
+  asks for; a one-line exit for a backend that cannot run."""
+  try:
+    backend.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
+  except UserError as e:
+    sys.exit(f'error: {e}')
   # Warnings and errors from TensorFlow's C++ side; its INFO lines are noise.
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
   if not _flag(argv, 'tpu'):

@@ -17,6 +17,7 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
   hardware = plan.hardware
   images_per_sec, wait_fraction = progress.meter.overall()
   return {
+      'backend': plan.backend,
       'policy': plan.policy,
       'strategy': hardware.strategy_name,
       'num_replicas': hardware.num_replicas,

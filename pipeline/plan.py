@@ -13,6 +13,7 @@ from typing import Optional
 
 from absl import logging
 
+from pipeline import backend as backend_lib
 from pipeline import cache as cache_lib
 from pipeline import devices
 from pipeline import finetune
@@ -47,6 +48,10 @@ class Request:
   workdir_lease_s: float = 120.0
 
   def find_hardware(self):
+    if backend_lib.current()[0] == 'jax':
+      from pipeline import devices_jax  # pylint: disable=g-import-not-at-top
+      return devices_jax.resolve(self.tpu, self.num_cpu_devices,
+                                 self.allow_cpu)
     return devices.resolve(self.tpu, self.tpu_zone, self.gcp_project,
                            self.num_cpu_devices, self.collective,
                            self.collective_timeout_s, self.gpus,
@@ -71,6 +76,8 @@ class Plan:
   cache: str = 'decoded'  # cache.choose's kind: none, decoded, encoded.
   cache_reason: str = ''
   frozen_steps: int = 0  # Fine-tuning: steps that train the head alone.
+  backend: str = 'tensorflow'  # Keras' backend: 'tensorflow' or 'jax'.
+  backend_reason: str = ''
 
   @property
   def policy(self):
@@ -94,6 +101,8 @@ class Plan:
     """The resolved run as run.json's 'resolved' object."""
     hw = self.hardware
     return {
+        'backend': self.backend,
+        'backend_reason': self.backend_reason,
         'device_kind': hw.device_kind,
         'devices': hw.detail,
         'strategy': hw.strategy_name,
@@ -128,6 +137,7 @@ class Plan:
     """The plan as the lines a run prints first."""
     hw, p = self.hardware, self.precision
     return [
+        f'Backend: {self.backend} ({self.backend_reason})',
         f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
         f'{hw.num_replicas} replica(s) over {hw.num_workers} worker(s)',
         f'Software: {devices.software()}',
@@ -181,10 +191,15 @@ def resolve(config, request, hardware=None):
   gs://) and its identity, the data source and its size, the cache and the
   batch split. Logs the plan; raises a one-line UserError for any mistake.
   """
+  backend, backend_reason = backend_lib.current()
+  # First, so a backend that then finds no hardware has said why it ran.
+  logging.info('Backend: %s (%s)', backend, backend_reason)
   hardware = hardware or request.find_hardware()
   resolved_precision = precision.resolve(request.policy, hardware.device_kind,
-                                         hardware.gpu_compute_capability)
-  xla, xla_reason = choose_xla(request.xla, hardware, resolved_precision.policy)
+                                         hardware.gpu_compute_capability,
+                                         backend)
+  xla, xla_reason = choose_xla(request.xla, hardware, resolved_precision.policy,
+                               backend)
   steps_per_execution, steps_reason = choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind)
   validation.validate(config, hardware.num_replicas, models.MODELS)
@@ -204,8 +219,9 @@ def resolve(config, request, hardware=None):
       source=source, steps_per_epoch=steps_per_epoch,
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
       cache=cache, cache_reason=cache_reason,
-      frozen_steps=finetune.frozen_steps(config, steps_per_epoch))
-  for line in plan.describe(config):
+      frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
+      backend=backend, backend_reason=backend_reason)
+  for line in plan.describe(config)[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan
 
@@ -247,8 +263,13 @@ def _mixing(config):
           'the dominant label)' if mixes else '')
 
 
-def choose_xla(requested, hardware, policy=None):
+def choose_xla(requested, hardware, policy=None, backend='tensorflow'):
   """Returns (on, reason) for --xla=auto|on|off on this hardware."""
+  if backend == 'jax':
+    if requested == 'off':
+      raise UserError('--xla=off: JAX compiles every program with XLA; use '
+                      '--backend=tensorflow to train without it')
+    return True, 'JAX compiles every program with XLA'
   ruled = precision.xla_rule(policy, requested, hardware.device_kind)
   if ruled:
     return ruled

@@ -80,10 +80,14 @@ class Precision:
     return is_16bit(self.policy, self.compute_dtype)
 
 
-def resolve(requested, device_kind, gpu_compute_capability=None):
+def resolve(requested, device_kind, gpu_compute_capability=None,
+            backend='tensorflow'):
   """The Precision for --policy=`requested` on this hardware, or UserError."""
   policy, reason = choose_policy(requested, device_kind,
                                  gpu_compute_capability, cpu_has_amx())
+  if backend == 'jax':
+    policy, reason = _on_jax(requested, policy, reason,
+                             gpu_compute_capability)
   return Precision(
       policy, reason, compute_dtype(policy, device_kind),
       needs_loss_scaling(policy, device_kind),
@@ -93,6 +97,22 @@ def resolve(requested, device_kind, gpu_compute_capability=None):
 def is_16bit(policy, dtype=None):
   """True if `policy` computes in 16 bits (on a GPU, for 'rewrite')."""
   return (dtype or compute_dtype(policy, 'GPU')) in ('float16', 'bfloat16')
+
+
+def _on_jax(requested, policy, reason, gpu_compute_capability):
+  """The policy on Keras' JAX backend: no loss scaling and no graph rewrite
+  there, so float16 and rewrite are TensorFlow's; auto on a GPU takes
+  bfloat16 where it has the units (compute capability 8.0)."""
+  if requested in ('mixed_float16', 'float16', REWRITE):
+    raise UserError(f'--policy={requested} runs on --backend=tensorflow '
+                    'only (the JAX path has no loss scaling or graph '
+                    'rewrite); use mixed_bfloat16, float32 or auto')
+  if policy == 'mixed_float16':
+    if tuple(gpu_compute_capability) >= (8, 0):
+      return 'mixed_bfloat16', ('GPU with bfloat16 tensor cores; JAX runs '
+                                'no float16 loss scaling here')
+    return 'float32', 'GPU without bfloat16 units; JAX runs no float16 here'
+  return policy, reason
 
 
 def xla_rule(policy, requested, device_kind):

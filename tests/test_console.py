@@ -137,5 +137,5 @@ def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
                      f'--config.data_dir={tfds_dir}', '--dry_run')
   assert result.returncode == 0, result.stderr[-2000:]
   expected = normal(sample.strip().splitlines())
-  assert len(expected) == 9 and expected[0].startswith('Run: CPU')
+  assert len(expected) == 10 and expected[0].startswith('Backend: tensorflow')
   assert normal(result.stderr.splitlines()) == expected

@@ -51,6 +51,13 @@ def _cases(root, tfds_dir):
           f'--workdir={root / "finetune"}', data, '--dry_run',
           f'--config.init_from={root / "not_tfrecord"}'],
        'is not imagenet, a .h5 weights file or the workdir of a run', None),
+      ('unknown backend', [work, data, '--dry_run', '--backend=torch'],
+       '--backend=torch is not a backend; accepted: auto, tensorflow, jax',
+       None),
+      ('JAX asked for, not installed', [work, data, '--dry_run',
+                                        '--backend=jax'],
+       '--backend=jax needs JAX, which is not installed; pip install -r '
+       'requirements-jax.txt', None),
       # Keras' download fails (no network, or a proxy that refuses).
       ('init_from=imagenet offline', [
           f'--workdir={root / "imagenet"}', data, '--config.init_from=imagenet',
