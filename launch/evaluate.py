@@ -55,14 +55,14 @@ def main(argv):
     if flags.FLAGS['config'].present:
       raise UserError("launch.evaluate reads the run's config from its "
                       'run.json; change fields with --config.KEY=VALUE')
-    config, policy = evaluation.run_config(
+    config, policy, trained_on = evaluation.run_config(
         cli.WORKDIR.value, cli.STAGING_DIR.value,
         config_flags.get_override_values(flags.FLAGS['config']))
     request = cli.request(config)
     if not cli.POLICY.present:
       request = dataclasses.replace(request, policy=policy)
     plan = plan_lib.resolve(config, request)
-    evaluator = evaluation.Evaluator(config, plan)
+    evaluator = evaluation.Evaluator(config, plan, trained_on)
     if FOLLOW.value:
       reports = evaluator.follow(POLL_S.value, FOLLOW_TIMEOUT_S.value)
       print(f'followed {plan.workdir.url}: evaluated '

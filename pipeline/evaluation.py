@@ -9,6 +9,7 @@ accuracy, top-5, per-class accuracy and the confusion matrix (for many
 classes the most-confused pairs are drawn).
 """
 
+import functools
 import os
 import re
 import time
@@ -32,8 +33,9 @@ _PAIRS = 20  # Otherwise: the most-confused (true, predicted) pairs.
 def run_config(url, staging_dir, overrides):
   """The config a run trained with (its run.json), with `overrides` on top.
 
-  Returns (config, the run's resolved policy). `overrides` are
-  --config.KEY=VALUE values, whose keys the flag parser already checked.
+  Returns (config, the run's resolved policy, the backend it trained on).
+  `overrides` are --config.KEY=VALUE values, whose keys the flag parser
+  already checked.
   """
   saved = storage.Workdir(url, staging_dir).read_json('run.json')
   if not saved:
@@ -42,7 +44,8 @@ def run_config(url, staging_dir, overrides):
   # A run.json from before a key existed gets that key's default.
   config = validation.complete(dict(saved['config'], **overrides),
                                source=f'{url}/run.json')
-  return config, saved['resolved']['policy']
+  resolved = saved['resolved']
+  return config, resolved['policy'], resolved.get('backend', 'tensorflow')
 
 
 class Evaluator:
@@ -53,16 +56,18 @@ class Evaluator:
   `evaluation/` and `tensorboard/evaluator/`.
   """
 
-  def __init__(self, config, plan):
+  def __init__(self, config, plan, trained_on='tensorflow'):
     self.config, self.plan = config, plan
     self.trainer = trainer_lib.build(config, plan)
     hardware = plan.hardware
     trainer = self.trainer
     self.checkpointer = Checkpointer(
         plan.workdir, config.keep_checkpoints, is_chief=False,
-        io_device=plan.io_device,
         if_missing={'ema': lambda path: trainer.ema.reset()},
-        **trainer.trackables())
+        files=functools.partial(
+            trainer.checkpoint_files, io_device=plan.io_device,
+            # A JAX run's Keras files, read by either backend.
+            keras_format=trained_on == 'jax'))
     batch = plan.global_batch_size
     self.dataset = hardware.strategy.distribute_datasets_from_function(
         data.eval_input_fn(config, plan.source, batch, plan.cache))

@@ -74,6 +74,9 @@ class SaveOnPreemption:
 
 def _any_worker(strategy):
   """flag -> whether any replica of any worker passed a non-zero flag."""
+  if hasattr(strategy, 'any_host'):  # JAX's hosts (devices_jax).
+    return strategy.any_host
+
   @tf.function
   def any_worker(flag):
     flags = strategy.run(lambda: tf.identity(flag))

@@ -6,6 +6,7 @@ hands each to the periodic actions (progress, checkpoints, evaluation,
 preemption), then evaluates, exports and writes metrics.json.
 """
 
+import functools
 import time
 
 from absl import logging
@@ -138,9 +139,9 @@ def _checkpointers(config, plan, trainer):
 
   def checkpointer_of(series, keep):
     return Checkpointer(workdir, keep, hardware.is_chief, series=series,
-                        io_device=plan.io_device,
                         if_missing={'ema': start_average_here},
-                        **trainer.trackables())
+                        files=functools.partial(trainer.checkpoint_files,
+                                                io_device=plan.io_device))
 
   keep_best = (actions.KeepBest(config.keep_best_metric,
                                 checkpointer_of('checkpoints_best', 1),
@@ -160,6 +161,7 @@ def _restore_or_initialize(config, plan, trainer, checkpointer):
   elif config.init_from:
     logging.info('Initialized the %s', finetune.load_backbone(
         config, trainer.model, plan.workdir.staging_root))
+    trainer.read_back()
     if trainer.ema:
       trainer.ema.reset()
   return initial_step

@@ -15,6 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline import checkpoint
+from pipeline import checkpoint_keras
 from pipeline import decode
 from pipeline import ema as ema_lib
 from pipeline import models
@@ -52,6 +54,19 @@ class Trainer:
     if self.ema:
       found['ema'] = self.ema.trackable
     return found
+
+  def checkpoint_files(self, directory, max_to_keep, io_device=None,
+                       keras_format=False):
+    """The local layer of this run's checkpoints: TensorFlow's own, or
+    (`keras_format`: a run trained on JAX, read here) Keras' files."""
+    if keras_format:
+      return checkpoint_keras.TensorFlowReader(self, directory, max_to_keep)
+    return checkpoint.TensorFlowFiles(self.trackables(), directory,
+                                      max_to_keep, io_device)
+
+  def read_back(self):
+    """Nothing to do: the variables are this trainer's state (the JAX
+    trainer reads restored variables into its arrays here)."""
 
   @property
   def skipped_steps(self):
@@ -153,7 +168,11 @@ def out_of_memory_message(config, plan):
 
 
 def build(config, plan):
-  """Sets the policy and seed, then builds everything in the strategy scope."""
+  """Sets the policy and seed, then builds everything in the strategy scope
+  (on Keras' JAX backend: trainer_jax's trainer)."""
+  if plan.backend == 'jax':
+    from pipeline import trainer_jax  # pylint: disable=g-import-not-at-top
+    return trainer_jax.build(config, plan)
   try:
     return _build(config, plan)
   except tf.errors.ResourceExhaustedError:

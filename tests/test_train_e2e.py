@@ -144,7 +144,7 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
     if name.startswith('ckpt-16.'):
       shutil.copy(os.path.join(folder, name),
                   os.path.join(folder, name.replace('ckpt-16', 'ckpt-20')))
-  config, policy = evaluation.run_config(workdir, str(tmp_path), {})
+  config, policy, _ = evaluation.run_config(workdir, str(tmp_path), {})
   assert policy == 'mixed_bfloat16'
   config.data_dir = tfds_dir
   plan = plan_lib.resolve(config, plan_lib.Request(workdir=workdir),

@@ -112,7 +112,7 @@ def test_a_run_json_from_before_a_key_existed_still_reads(tmp_path):
   saved['epochs'] = 7
   (tmp_path / 'run.json').write_text(json.dumps(
       {'config': saved, 'resolved': {'policy': 'mixed_bfloat16'}}))
-  config, policy = evaluation.run_config(str(tmp_path), str(tmp_path / 'st'),
+  config, policy, _ = evaluation.run_config(str(tmp_path), str(tmp_path / 'st'),
                                          {'eval_split': 'train[:10]'})
   assert policy == 'mixed_bfloat16'
   assert (config.epochs, config.eval_split) == (7, 'train[:10]')

@@ -1,0 +1,123 @@
+"""The JAX trainer's compiled program, on a small model over two devices.
+
+Runs in the JAX environment with KERAS_BACKEND=jax (CI's third
+environment); skipped elsewhere. A Dense model compiles in seconds, so
+these check the arithmetic exactly: one SGD step over two devices is one
+step over the whole batch, micro-batches sum to the whole batch, the loop
+runs exactly the steps asked for, the moving average warms up as
+pipeline/ema.py's, and training lowers the loss.
+"""
+
+import os
+import types
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip('jax', reason='runs in the JAX environment')
+if os.environ.get('KERAS_BACKEND') != 'jax':
+  pytest.skip('needs KERAS_BACKEND=jax before Keras is imported',
+              allow_module_level=True)
+jax.config.update('jax_num_cpu_devices', 2)
+
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
+import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from pipeline import devices_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline import trainer_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+CLASSES = 3
+
+
+def _config(accumulation=1):
+  return types.SimpleNamespace(label_smoothing=0.0, l2_weight_decay=0.0,
+                               gradient_accumulation_steps=accumulation)
+
+
+def _setup(learning_rate=0.5, ema_decay=0.0):
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(CLASSES)])
+  optimizer = keras.optimizers.SGD(learning_rate)
+  optimizer.build(model.trainable_variables)
+  strategy = devices_jax.DataParallel(jax.devices())
+  step = trainer_jax.checkpoint_keras.Variables('step', shapes=[()],
+                                                dtype='int32')
+  ema = trainer_jax.MovingAverage(model, ema_decay) if ema_decay else None
+  state = trainer_jax._state_of(model, optimizer, step, ema, strategy)  # pylint: disable=protected-access
+  return model, optimizer, strategy, ema, state
+
+
+def _batches(steps, batch=8, seed=0):
+  rng = np.random.default_rng(seed)
+  images = rng.normal(size=(steps, batch, 4)).astype(np.float32)
+  labels = rng.integers(0, CLASSES, size=(steps, batch)).astype(np.int32)
+  return images, labels
+
+
+def _run(program, strategy, state, images, labels, num_steps):
+  images, labels = strategy.to_devices([images, labels], stacked=True)
+  return program(state, images, labels, np.int32(num_steps))
+
+
+def test_two_devices_take_the_whole_batch_step():
+  model, optimizer, strategy, _, state = _setup()
+  assert strategy.num_replicas_in_sync == 2
+  kernel, bias = [np.asarray(v) for v in state['trainable']]
+  images, labels = _batches(1)
+  program = trainer_jax.train_program(model, optimizer, _config(), CLASSES,
+                                      strategy, None)
+  state, outputs = _run(program, strategy, state, images, labels, 1)
+
+  def loss(kernel, bias):
+    logits = images[0] @ kernel + bias
+    return -jnp.mean(jax.nn.log_softmax(logits)[np.arange(8), labels[0]])
+
+  grads = jax.grad(loss, argnums=(0, 1))(kernel, bias)
+  np.testing.assert_allclose(state['trainable'][0], kernel - 0.5 * grads[0],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(state['trainable'][1], bias - 0.5 * grads[1],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(outputs['loss'], loss(kernel, bias), rtol=1e-5)
+  assert int(state['step']) == 1
+
+
+def test_micro_batches_make_the_same_update():
+  whole, micro = [], []
+  for accumulation, out in ((1, whole), (2, micro)):
+    model, optimizer, strategy, _, state = _setup()
+    program = trainer_jax.train_program(
+        model, optimizer, _config(accumulation), CLASSES, strategy, None)
+    state, outputs = _run(program, strategy, state, *_batches(3), 3)
+    out.extend([np.asarray(state['trainable'][0]), float(outputs['loss'])])
+  np.testing.assert_allclose(micro[0], whole[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(micro[1], whole[1], rtol=1e-5)
+
+
+def test_the_loop_runs_exactly_the_steps_asked_and_learns():
+  model, optimizer, strategy, _, state = _setup()
+  program = trainer_jax.train_program(model, optimizer, _config(), CLASSES,
+                                      strategy, None)
+  images, labels = _batches(1)
+  repeated = np.repeat(images, 8, 0), np.repeat(labels, 8, 0)
+  state, first = _run(program, strategy, state, *repeated, 1)
+  # The same 8 slots, 5 of them used: a short last execution.
+  state, outputs = _run(program, strategy, state, *repeated, 5)
+  assert int(state['step']) == 6
+  assert int(state['optimizer'][0]) == 6  # SGD's iterations.
+  losses = np.asarray(outputs['step_losses'])
+  assert np.all(losses[5:] == 0) and np.all(losses[:5] > 0)
+  # Each step on the same batch lowers its loss (a zero learning rate or
+  # gradient would leave it flat).
+  assert losses[0] < float(first['loss']) and np.all(np.diff(losses[:5]) < 0)
+
+
+def test_the_moving_average_warms_up_as_the_tensorflow_one():
+  model, optimizer, strategy, ema, state = _setup(learning_rate=0.1,
+                                                  ema_decay=0.99)
+  program = trainer_jax.train_program(model, optimizer, _config(), CLASSES,
+                                      strategy, ema)
+  start = np.asarray(state['trainable'][0])
+  state, _ = _run(program, strategy, state, *_batches(1), 1)
+  decay = min(0.99, 2 / 11)  # (1 + n) / (10 + n) after the first update.
+  expected = decay * start + (1 - decay) * np.asarray(state['trainable'][0])
+  np.testing.assert_allclose(state['ema'][0], expected, rtol=1e-5, atol=1e-7)
