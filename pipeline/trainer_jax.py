@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+import tensorflow as tf
 
 from pipeline import checkpoint_keras
 from pipeline import decode
@@ -86,7 +87,8 @@ class Trainer:
     B0 on a CPU).
     """
     start = time.perf_counter()
-    batches = [next(iterator) for _ in range(num_steps)]
+    with self._errors_in_one_line():  # The input checks the labels.
+      batches = [next(iterator) for _ in range(num_steps)]
     wait_s = time.perf_counter() - start
     stacked = [np.stack(parts) for parts in zip(*batches)]
     images, labels = [
@@ -178,7 +180,7 @@ class Trainer:
       if 'RESOURCE_EXHAUSTED' in str(e):
         raise UserError(self.out_of_memory) from None
       raise
-    except ValueError as e:  # A label outside the classes (JAX checks none).
+    except tf.errors.InvalidArgumentError as e:  # The input's label check.
       message = decode.label_error(e, self.num_classes, self.label_offset)
       if message:
         raise UserError(message) from None

@@ -5,7 +5,9 @@ with the parameters that switch off what needs Colab or the network
 (install, upload) and a tiny run; every other cell runs as a user's would,
 from notebooks/ as Jupyter starts it (it finds the checkout it is in):
 the runtime check, a dry run, training, TensorBoard inline, evaluation and
-a prediction with the export. A failing command fails its cell.
+a prediction with the export. A failing command fails its cell. In the
+JAX environment (KERAS_BACKEND=jax) the notebook trains on JAX, as it does
+on a Colab TPU, over two CPU devices standing in for the chips.
 """
 
 import json
@@ -16,6 +18,7 @@ import pytest
 from conftest import REPO
 
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'train_on_colab.ipynb')
+ON_JAX = os.environ.get('KERAS_BACKEND') == 'jax'
 
 
 @pytest.mark.slow
@@ -30,12 +33,16 @@ def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
           INSTALL=False, UPLOAD=False, WORKDIR=workdir,
           TRAIN_FLAGS=(f'--config.data_dir={tfds_dir} '
                        '--config.train_split=train[:128] --config.epochs=1 '
-                       '--config.global_batch_size=32')))
+                       '--config.global_batch_size=32'
+                       + (' --backend=jax --num_cpu_devices=2' if ON_JAX
+                          else ''))))
   with open(executed) as f:
     cells = json.load(f)['cells']
   text = ''.join(''.join(output.get('text', ''))
                  for cell in cells for output in cell.get('outputs', []))
   assert 'Runtime: CPU' in text
+  assert ('Backend: jax (asked for with --backend=jax)' if ON_JAX else
+          'Backend: tensorflow (no TPU') in text
   assert f'Project in {REPO}' in text
   assert 'dry run: everything checks out' in text
   assert 'Done: eval_accuracy' in text

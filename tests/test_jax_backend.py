@@ -1,0 +1,150 @@
+"""The same launcher on Keras' JAX backend, in the JAX environment.
+
+Runs where requirements-jax-test.txt is installed (CI's third environment,
+with TPU_SKIP_MDS_QUERY=1); skipped in an environment without JAX. Every
+run is a real `python -m launch.train --backend=jax` over two CPU devices:
+the TPU it stands in for cannot exist here. XLA on this CPU compiles B0's
+program for about a minute and trains at about 15 images/s, so each run is
+ten steps of 32 images.
+
+PIPELINE_TF_PYTHON names a TensorFlow environment's interpreter (CI sets
+it to .venv/bin/python): the JAX run's checkpoint is then evaluated there.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from conftest import run_module
+from conftest import run_train
+
+pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
+                    'environment (requirements-jax-test.txt)')
+
+TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
+
+
+def _args(workdir, tfds_dir, *extra):
+  """Ten steps of 32 images over 2 devices, 4 per execution (a short last
+  one), a checkpoint every 4, a moving average."""
+  return ('--backend=jax', '--num_cpu_devices=2', f'--workdir={workdir}',
+          f'--config.data_dir={tfds_dir}', '--config.epochs=1',
+          '--config.examples_per_epoch=320', '--config.global_batch_size=32',
+          '--config.steps_per_execution=4', '--config.log_every_steps=4',
+          '--config.checkpoint_every_steps=4', '--config.ema_decay=0.9',
+          *extra)
+
+
+def _env(emulator):
+  return {'STORAGE_EMULATOR_HOST': emulator.host,
+          'GOOGLE_CLOUD_PROJECT': 'test'}
+
+
+def _committed(emulator, prefix):
+  return sorted(int(n.split('/ckpt-')[1].split('/')[0])
+                for n in emulator.names('runs', f'{prefix}/checkpoints/')
+                if n.endswith('/COMMITTED'))
+
+
+def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
+    emulator, tfds_dir, tmp_path):
+  url = 'gs://runs/jax'
+  env = dict(os.environ, **_env(emulator))
+  first = subprocess.Popen(
+      [sys.executable, '-m', 'launch.train',
+       *_args(url, tfds_dir, f'--staging_dir={tmp_path / "machine-a"}',
+              '--workdir_lease_s=8')],
+      cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True)
+  try:
+    deadline = time.time() + 400
+    while not _committed(emulator, 'jax'):
+      assert first.poll() is None, first.stderr.read()[-3000:]
+      assert time.time() < deadline, 'no committed checkpoint in time'
+      time.sleep(0.5)
+  finally:
+    first.kill()  # kill -9: no chance to save or release anything.
+    first.wait()
+  committed = _committed(emulator, 'jax')[-1]
+
+  result = run_train(*_args(url, tfds_dir,
+                            f'--staging_dir={tmp_path / "machine-b"}',
+                            '--workdir_lease_s=8'), env=_env(emulator))
+  assert result.returncode == 0, result.stderr[-3000:]
+  log = result.stderr
+  assert 'Backend: jax (asked for with --backend=jax)' in log
+  assert 'with DataParallel, 2 replica(s) over 1 worker(s)' in log
+  assert f'Resuming at step {committed} of 10' in log
+  assert 'Taking over the lapsed lease' in log
+  bucket = emulator.client().bucket('runs')
+  metrics = json.loads(bucket.blob('jax/metrics.json').download_as_bytes())
+  assert metrics['backend'] == 'jax'
+  assert metrics['num_replicas'] == 2 and metrics['strategy'] == 'DataParallel'
+  assert metrics['initial_step'] == committed and metrics['total_steps'] == 10
+  assert 'jax/checkpoints/ckpt-10/ckpt-10.weights.h5' in emulator.names(
+      'runs', 'jax/checkpoints/')
+  # The moving average was evaluated (raw figures beside it).
+  assert 0 <= metrics['eval_accuracy_raw'] <= 1
+
+  if not TF_PYTHON:
+    return  # The TensorFlow side below needs a TensorFlow environment.
+  evaluated = subprocess.run(
+      [TF_PYTHON, '-m', 'launch.evaluate', f'--workdir={url}',
+       f'--staging_dir={tmp_path / "tf-machine"}'],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+      check=False)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  accuracy = float(re.search(r'accuracy (\d\.\d+)', evaluated.stdout).group(1))
+  assert abs(accuracy - metrics['eval_accuracy']) <= 0.005, evaluated.stdout
+  assert 'Backend: tensorflow' in evaluated.stderr
+
+
+def test_a_bfloat16_jax_run_exports_and_its_export_predicts(tfds_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  result = run_train(*_args(workdir, tfds_dir, '--config.ema_decay=0',
+                            '--policy=mixed_bfloat16'))
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert (metrics['policy'], metrics['backend']) == ('mixed_bfloat16', 'jax')
+  assert 0 < metrics['eval_loss'] < 10  # bfloat16 did not overflow.
+  metadata = json.loads((workdir / 'export' / 'metadata.json').read_text())
+  assert metadata['class_names'][:2] == ['0', '1']
+  images = tmp_path / 'digits'
+  images.mkdir()
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  for i in range(3):
+    Image.new('RGB', (32, 32), (i * 80, 0, 0)).save(images / f'{i}.png')
+  for python in [sys.executable] + ([TF_PYTHON] if TF_PYTHON else []):
+    predicted = subprocess.run(
+        [python, "-m", "launch.predict", f"--model={workdir / 'export'}",
+         str(images / '*.png')], cwd=REPO, capture_output=True, text=True,
+        timeout=300, check=False)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert predicted.stdout.count('.png') == 3, predicted.stdout
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--policy=mixed_float16'], '--policy=mixed_float16 runs on '
+     '--backend=tensorflow only'),
+    (['--xla=off'], '--xla=off: JAX compiles every program with XLA'),
+    (['--config.export_tflite=float16'], 'export_tflite=float16 needs '
+     '--backend=tensorflow'),
+    (['--backend=auto', '--tpu=local'], '--tpu=local: JAX finds no TPU on '
+     'this host'),
+])
+def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
+                                             tmp_path):
+  result = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run', *flags)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('error: ') and message in lines[-1], lines[-5:]
+  assert 'Traceback' not in result.stderr
+  if '--tpu=local' in flags:  # It chose JAX for the TPU, and said why.
+    assert ('Backend: jax (--tpu=local and no TensorFlow TPU build is '
+            'installed (tensorflow-tpu); Keras runs on JAX)') in result.stderr
