@@ -11,6 +11,9 @@
   # First run on new hardware: which policy and XLA setting is fastest here.
   python -m launch.benchmark --policies=float32,mixed_float16,mixed_bfloat16
 
+  # The same model on each Keras backend, side by side (JAX environment).
+  python -m launch.benchmark --backends=tensorflow,jax --num_executions=3
+
 Prints a table and writes it as JSON (--output, default under runs/). Same hardware and config
 flags as launch.train.
 """
@@ -53,6 +56,13 @@ _XLA_SETTINGS = flags.DEFINE_list(
 flags.register_validator(
     'xla_settings', lambda settings: set(settings) <= {'off', 'on'},
     '--xla_settings takes off, on or both')
+_BACKENDS = flags.DEFINE_list(
+    'backends', [], 'Compare instead: the same benchmark on each of these '
+    "Keras backends (tensorflow, jax), each in its own process (Keras' "
+    'backend is fixed per process), printed side by side.')
+flags.register_validator(
+    'backends', lambda names: set(names) <= {'tensorflow', 'jax'},
+    '--backends takes tensorflow, jax or both')
 _TARGET = flags.DEFINE_float(
     'target_images_per_sec', 0,
     'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
@@ -66,7 +76,10 @@ def main(argv):
   config = cli.load_config()
   try:
     request = cli.request(config, workdir_default=False)
-    if _POLICIES.value:
+    if _BACKENDS.value:
+      result = benchmark.across_backends(_BACKENDS.value, _child_args())
+      text = benchmark_report.backends_table(result)
+    elif _POLICIES.value:
       result = benchmark.sweep(config, request, _POLICIES.value,
                                _XLA_SETTINGS.value, _EXECUTIONS.value)
       text = benchmark_report.sweep_table(result)
@@ -83,6 +96,13 @@ def main(argv):
   os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
   storage.write_json(output, result)
   print(f'written to {output}')
+
+
+def _child_args():
+  """This command's flags for a child benchmark, less --backends and
+  --output (the child gets its own --backend and --output)."""
+  return [a for a in sys.argv[1:]
+          if not a.startswith(('--backends', '--output', '--backend='))]
 
 
 if __name__ == '__main__':

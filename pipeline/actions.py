@@ -53,17 +53,27 @@ def summary_writers(workdir, is_chief):
 
 
 class Profile:
-  """A TensorFlow profiler trace of the executions covering steps
-  [start, stop), into the TensorBoard folder (plugins/profile/...).
+  """A profiler trace of the executions covering steps [start, stop), into
+  the TensorBoard folder (plugins/profile/...): TensorFlow's profiler, or
+  on the JAX backend JAX's, which writes the same XPlane files for the same
+  Profile tab.
 
   An action runs after an execution, so tracing starts at the boundary
   before the execution that reaches `start` (at once if the run starts
   there) and stops at the first boundary at or past `stop`.
   """
 
-  def __init__(self, start, stop, logdir, steps_per_execution, initial_step):
+  def __init__(self, start, stop, logdir, steps_per_execution, initial_step,
+               backend='tensorflow'):
     self.start, self.stop = start, stop
     self.logdir = logdir
+    if backend == 'jax':
+      import jax  # pylint: disable=g-import-not-at-top
+      self._start = jax.profiler.start_trace
+      self._stop = jax.profiler.stop_trace
+    else:
+      self._start = tf.profiler.experimental.start
+      self._stop = tf.profiler.experimental.stop
     self.steps_per_execution = steps_per_execution
     self.tracing = False
     self.done = initial_step >= stop
@@ -71,7 +81,7 @@ class Profile:
       self._begin(initial_step)
 
   def _begin(self, step):
-    tf.profiler.experimental.start(self.logdir)
+    self._start(self.logdir)
     self.tracing = True
     logging.info('Profiling from step %d (profile_steps %d,%d)', step,
                  self.start, self.stop)
@@ -89,7 +99,7 @@ class Profile:
 
   def close(self):
     if self.tracing:
-      tf.profiler.experimental.stop()
+      self._stop()
       self.tracing = False
       self.done = True
 

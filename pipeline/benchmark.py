@@ -9,9 +9,13 @@ a throughput. The text tables of the results are benchmark_report.py's.
 """
 
 import dataclasses
+import json
 import math
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 from absl import logging
@@ -147,6 +151,8 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
       'model': config.model, 'dataset': source.name,
       'image_size': config.image_size, 'global_batch_size': batch,
       'steps_per_execution': spe, 'policy': plan.policy,
+      'backend': plan.backend, 'device_kind': plan.hardware.device_kind,
+      'detail': plan.hardware.detail,
       'strategy': plan.hardware.strategy_name,
       'num_replicas': plan.hardware.num_replicas, 'xla': plan.xla,
       'cache': plan.cache, 'augment': config.augment, 'cores': cores,
@@ -221,6 +227,28 @@ def _synthetic_throughput(config, plan, trainer, executions):
   compile_s, seconds, wait = _timed_executions(trainer, iterator, spe,
                                                executions)
   return compile_s, batch * spe * executions / seconds, wait
+
+
+def across_backends(backends, args):
+  """The benchmark of `args` on each Keras backend, one child process each
+  (`python -m launch.benchmark --backend=NAME`), one after the other so
+  they never share the cores; {'backends': [name, result dict]...}."""
+  results = []
+  for name in backends:
+    with tempfile.TemporaryDirectory() as folder:
+      output = os.path.join(folder, 'result.json')
+      logging.info('Benchmarking on --backend=%s', name)
+      child = subprocess.run(
+          [sys.executable, '-m', 'launch.benchmark', f'--backend={name}',
+           f'--output={output}', *args], capture_output=True, text=True,
+          check=False)
+      if child.returncode:
+        lines = (child.stderr.strip() or 'no output').splitlines()
+        raise UserError(f'the benchmark on --backend={name} failed: '
+                        f'{lines[-1]}')
+      with open(output) as f:
+        results.append([name, json.load(f)])
+  return {'backends': results}
 
 
 def xla_settings(hardware):

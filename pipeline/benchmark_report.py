@@ -67,3 +67,20 @@ def table(result):
     lines.append(f'compile (first call): {r["compile_s"]:.1f} s; input '
                  f'/ model ceiling: {r["input_headroom"]:.1f}x')
   return '\n'.join(lines)
+
+
+def backends_table(result):
+  """launch.benchmark --backends: one row per Keras backend."""
+  first = result['backends'][0][1]
+  lines = [f'{first["model"]} at {first["image_size"]} px, batch '
+           f'{first["global_batch_size"]}, {first["policy"]}, '
+           f'{first["device_kind"]} ({first["detail"]})',
+           f'{"backend":<12} {"strategy":<20} {"synthetic img/s":>16} '
+           f'{"real img/s":>11} {"compile s":>10}']
+  for name, r in result['backends']:
+    where = f'{r["strategy"]} x{r["num_replicas"]}'
+    lines.append(f'{name:<12} {where:<20} '
+                 f'{r["train_synthetic_images_per_sec"]:>16.1f} '
+                 f'{r["train_real_images_per_sec"]:>11.1f} '
+                 f'{r["compile_s"]:>10.1f}')
+  return '\n'.join(lines)

@@ -87,7 +87,8 @@ def _train_and_evaluate(config, plan, extra_actions):
       strategy=strategy if hardware.num_workers > 1 else None)
   window = validation.profile_window(config.profile_steps)
   profile = (actions.Profile(*window, workdir.path('tensorboard'),
-                             plan.steps_per_execution, initial_step)
+                             plan.steps_per_execution, initial_step,
+                             plan.backend)
              if window and hardware.is_chief else None)
   try:
     run_loop(trainer, iter(train_data), plan, initial_step, [

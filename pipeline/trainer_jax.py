@@ -73,7 +73,7 @@ class Trainer:
   def learning_rate(self):
     iterations = self.optimizer.iterations
     index = [id(v) for v in self.optimizer.variables].index(id(iterations))
-    iterations.assign(self.state['optimizer'][index])
+    iterations.assign(_on_host(self.state['optimizer'][index]))
     return float(self.optimizer.learning_rate)
 
   def train(self, iterator, num_steps):
@@ -98,7 +98,7 @@ class Trainer:
     with self._errors_in_one_line():
       self.state, outputs = self.train_program(self.state, images, labels,
                                                np.int32(num_steps))
-      outputs = jax.device_get(outputs)
+      outputs = _on_host(outputs)
     return {'loss': float(outputs['loss']),
             'accuracy': float(outputs['accuracy']),
             'input_wait_s': wait_s,
@@ -124,7 +124,7 @@ class Trainer:
     with self._errors_in_one_line():
       for _ in range(num_steps):
         batch = self.strategy.to_devices(next(iterator))
-        sums, matrix = jax.device_get(
+        sums, matrix = _on_host(
             self.eval_program(trainable, non_trainable, *batch))
         totals += sums
         confusion += matrix
@@ -143,7 +143,7 @@ class Trainer:
         (self.step_variables.values, [self.state['step']]),
         (self.ema.variables.values if self.ema else [],
          self.state.get('ema', []))):
-      for variable, value in zip(variables, values):
+      for variable, value in zip(variables, _on_host(list(values))):
         variable.assign(value)
 
   def read_back(self):
@@ -187,6 +187,12 @@ class Trainer:
       raise
 
 
+def _on_host(tree):
+  """Numpy copies of replicated arrays: this host's copy of each (on
+  several hosts no process can fetch a whole global array)."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
 class _Scalar:
   """A JAX scalar with the `.numpy()` the training loop reads."""
 
@@ -194,7 +200,7 @@ class _Scalar:
     self.value = value
 
   def numpy(self):
-    return np.asarray(self.value)
+    return _on_host(self.value)
 
 
 class _StateFiles(checkpoint_keras.KerasFiles):
@@ -262,22 +268,23 @@ class MovingAverage:
     return trainable, non_trainable
 
   def reset(self):
-    """Starts the average at the model's weights (at the next read_back)."""
+    """Starts the average at the model's current weights."""
     if self.trainer:  # Copies: the train program donates the state.
       self.trainer.state['ema'] = [jnp.copy(value) for value in
                                    self.of(self.trainer.state)]
 
   @contextlib.contextmanager
   def applied_to_model(self, model, state):
+    """The model's variables hold the averages inside, the weights after."""
+    variables = model.trainable_variables + model.non_trainable_variables
     trainable, non_trainable = self.as_model_state(state)
-    for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
-                               trainable + non_trainable):
+    for variable, value in zip(variables, _on_host(trainable + non_trainable)):
       variable.assign(value)
     try:
       yield
     finally:
-      for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
-                                 state['trainable'] + state['non_trainable']):
+      for variable, value in zip(variables, _on_host(
+          state['trainable'] + state['non_trainable'])):
         variable.assign(value)
 
 
@@ -379,7 +386,7 @@ def train_program(model, optimizer, config, num_classes, strategy, ema):
     return state, (loss, correct)
 
   @functools.partial(jax.jit, donate_argnums=0,
-                     out_shardings=(strategy.replicated, None))
+                     out_shardings=strategy.replicated)
   def train(state, images, labels, num_steps):
     # A loop on the device over the first num_steps of the stacked batches.
     def body(index, carry):

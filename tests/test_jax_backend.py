@@ -30,10 +30,11 @@ pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
 TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
 
 
-def _args(workdir, tfds_dir, *extra):
+def _args(workdir, tfds_dir, *extra, devices=2):
   """Ten steps of 32 images over 2 devices, 4 per execution (a short last
   one), a checkpoint every 4, a moving average."""
-  return ('--backend=jax', '--num_cpu_devices=2', f'--workdir={workdir}',
+  return ('--backend=jax', f'--num_cpu_devices={devices}',
+          f'--workdir={workdir}',
           f'--config.data_dir={tfds_dir}', '--config.epochs=1',
           '--config.examples_per_epoch=320', '--config.global_batch_size=32',
           '--config.steps_per_execution=4', '--config.log_every_steps=4',
@@ -105,11 +106,17 @@ def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
   assert 'Backend: tensorflow' in evaluated.stderr
 
 
-def test_a_bfloat16_jax_run_exports_and_its_export_predicts(tfds_dir, tmp_path):
+def test_a_bfloat16_jax_run_profiles_exports_and_its_export_predicts(
+    tfds_dir, tmp_path):
   workdir = tmp_path / 'run'
   result = run_train(*_args(workdir, tfds_dir, '--config.ema_decay=0',
-                            '--policy=mixed_bfloat16'))
+                            '--policy=mixed_bfloat16',
+                            '--config.profile_steps=4,8'))
   assert result.returncode == 0, result.stderr[-3000:]
+  # JAX's profiler traced steps 4 to 8 into TensorBoard's Profile tab.
+  assert 'Profiled steps 4 to 8' in result.stderr
+  assert list((workdir / 'tensorboard' / 'plugins' / 'profile').glob(
+      '*/*.xplane.pb'))
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert (metrics['policy'], metrics['backend']) == ('mixed_bfloat16', 'jax')
   assert 0 < metrics['eval_loss'] < 10  # bfloat16 did not overflow.
@@ -148,3 +155,56 @@ def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
   if '--tpu=local' in flags:  # It chose JAX for the TPU, and said why.
     assert ('Backend: jax (--tpu=local and no TensorFlow TPU build is '
             'installed (tensorflow-tpu); Keras runs on JAX)') in result.stderr
+
+
+def test_two_processes_on_loopback_train_as_two_hosts(tfds_dir, tmp_path):
+  """A pod slice's hosts, stood in for by two processes of one CPU device
+  each, joined by jax.distributed over loopback (gloo collectives)."""
+  port = _free_port()
+  workdir = tmp_path / 'run'
+  processes = [subprocess.Popen(
+      [sys.executable, '-m', 'launch.train',
+       *_args(workdir, tfds_dir, '--config.ema_decay=0', devices=1)],
+      cwd=REPO, env=dict(os.environ, JAX_NUM_PROCESSES='2',
+                         JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                         JAX_PROCESS_ID=str(i)),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  outputs = [p.communicate(timeout=600)[1] for p in processes]
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 0, output[-3000:]
+    assert 'with DataParallel, 2 replica(s) over 2 worker(s)' in output
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert (metrics['num_workers'], metrics['num_replicas']) == (2, 2)
+  digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
+  assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
+  # Only the first host wrote: its log holds the run once.
+  assert (workdir / 'run.log').read_text().count('] Done: ') == 1
+
+
+def _free_port():
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
+  output = tmp_path / 'backends.json'
+  result = run_module(
+      'launch.benchmark', '--backends=tensorflow,jax', '--num_cpu_devices=2',
+      f'--config.data_dir={tfds_dir}', '--config.global_batch_size=32',
+      '--config.steps_per_execution=2', '--num_executions=2',
+      f'--output={output}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads(output.read_text())['backends']
+  assert [name for name, _ in rows] == ['tensorflow', 'jax']
+  assert [r['backend'] for _, r in rows] == ['tensorflow', 'jax']
+  assert [r['strategy'] for _, r in rows] == ['MirroredStrategy',
+                                              'DataParallel']
+  for _, r in rows:
+    assert r['train_synthetic_images_per_sec'] > 0
+    assert r['train_real_images_per_sec'] > 0
+  assert re.search(r'^jax +DataParallel x2 +\d+\.\d', result.stdout, re.M)
+  assert re.search(r'^tensorflow +MirroredStrategy x2 +\d+\.\d',
+                   result.stdout, re.M)
