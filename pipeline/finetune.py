@@ -63,6 +63,13 @@ def _source_run(config, url, staging_dir):
   return workdir, saved
 
 
+def names_a_run(init_from):
+  """Whether `init_from` names another run's workdir (not imagenet, not a
+  weights file)."""
+  return bool(init_from) and init_from != 'imagenet' and not (
+      _WEIGHTS_FILE.search(init_from))
+
+
 def describe(init_from):
   """How the plan names where the first weights come from."""
   if not init_from:

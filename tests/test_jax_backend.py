@@ -142,11 +142,17 @@ def test_a_bfloat16_jax_run_profiles_exports_and_its_export_predicts(
     (['--xla=off'], '--xla=off: JAX compiles every program with XLA'),
     (['--config.export_tflite=float16'], 'export_tflite=float16 needs '
      '--backend=tensorflow'),
+    (['--config.init_from=OTHER_RUN'], 'runs on --backend=tensorflow only '
+     'so far; on JAX start from imagenet or a .h5 weights file'),
     (['--backend=auto', '--tpu=local'], '--tpu=local: JAX finds no TPU on '
      'this host'),
 ])
 def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
                                              tmp_path):
+  other = tmp_path / 'other'  # Another run's workdir, for init_from.
+  other.mkdir()
+  (other / 'run.json').write_text('{"config": {"model": "efficientnet_b0"}}')
+  flags = [f.replace('OTHER_RUN', str(other)) for f in flags]
   result = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run', *flags)
   assert result.returncode == 1
   lines = result.stderr.strip().splitlines()
