@@ -62,17 +62,25 @@ class Hardware:
     return self.strategy.num_replicas_in_sync
 
 
+def installed(distribution):
+  """The installed version of a pip distribution, or None."""
+  try:
+    return importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def tensorflow_version():
+  return tf.__version__
+
+
 def software():
   """The packages the run executes on, e.g. 'tensorflow-tpu 2.20.0, keras
   3.15.1, libtpu 0.0.14': what a user checks first on new hardware."""
-  found = []
-  for name in ('tensorflow', 'tensorflow-tpu', 'tensorflow-cpu', 'jax',
-               'keras', 'libtpu'):
-    try:
-      found.append(f'{name} {importlib.metadata.version(name)}')
-    except importlib.metadata.PackageNotFoundError:
-      pass
-  return ', '.join(found)
+  names = ('tensorflow', 'tensorflow-tpu', 'tensorflow-cpu', 'jax', 'keras',
+           'libtpu')
+  return ', '.join(f'{name} {installed(name)}' for name in names
+                   if installed(name))
 
 
 def split_cpu(num_cpu_devices):

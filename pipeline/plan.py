@@ -200,6 +200,7 @@ def resolve(config, request, hardware=None):
                                          backend)
   xla, xla_reason = choose_xla(request.xla, hardware, resolved_precision.policy,
                                backend)
+  check_cudnn(xla, hardware)
   steps_per_execution, steps_reason = choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind)
   validation.validate(config, hardware.num_replicas, models.MODELS)
@@ -285,8 +286,10 @@ def _mixing(config):
           'the dominant label)' if mixes else '')
 
 
-def choose_xla(requested, hardware, policy=None, backend='tensorflow'):
-  """Returns (on, reason) for --xla=auto|on|off on this hardware."""
+def choose_xla(requested, hardware, policy=None, backend='tensorflow',
+               tensorflow_version=None):
+  """Returns (on, reason) for --xla=auto|on|off on this hardware
+  (`tensorflow_version`: the installed one unless given, for tests)."""
   if backend == 'jax':
     if requested == 'off':
       raise UserError('--xla=off: JAX compiles every program with XLA; use '
@@ -304,10 +307,52 @@ def choose_xla(requested, hardware, policy=None, backend='tensorflow'):
   if hardware.num_replicas > 1:
     return False, ('fails under Mirrored strategies in Keras 3 (keras#21366, '
                    'keras#18666)')
+  blackwell = _blackwell_on_tf_2_21(hardware, tensorflow_version)
+  if blackwell:
+    return False, blackwell
   if hardware.device_kind == 'GPU':
     return True, 'single GPU: fused kernels help'
   return False, ('CPU: XLA measured 8x slower than TF kernels here '
                  '(BUILD_NOTES.md)')
+
+
+def _blackwell_on_tf_2_21(hardware, tensorflow_version=None):
+  """Why XLA stays off on a Blackwell GPU (compute capability 10.x, 12.x)
+  under TensorFlow 2.21, or None: its XLA crashes there with "PTX version
+  8.5 does not support target sm_120" (tensorflow#111958; fixed in
+  openxla/xla#48532 after 2.21.0)."""
+  capability = hardware.gpu_compute_capability
+  if hardware.device_kind != 'GPU' or not capability or capability[0] not in (
+      10, 12):
+    return None
+  version = tensorflow_version or devices.tensorflow_version()
+  if not version.startswith('2.21'):
+    return None
+  return (f'compute capability {capability[0]}.{capability[1]} (Blackwell) '
+          f'with TensorFlow {version}: its XLA fails with "PTX version 8.5 '
+          'does not support target sm_120" (tensorflow#111958, fixed after '
+          '2.21.0); --xla=on to try anyway')
+
+
+def check_cudnn(xla, hardware, cudnn_version=None):
+  """One warning line where XLA runs on a GPU with a cuDNN older than 9.24
+  (`cudnn_version`: the installed wheel's unless given, for tests): TF
+  2.21's XLA convolutions then fail with "Autotuner could not find any
+  supported configs" (aws/deep-learning-containers#6418). Returns it."""
+  if not xla or hardware.device_kind != 'GPU':
+    return None
+  version = cudnn_version or devices.installed('nvidia-cudnn-cu12')
+  if not version or _release(version) >= (9, 24):
+    return None
+  line = (f'cuDNN {version} is older than 9.24, whose XLA convolutions fail '
+          'on TensorFlow 2.21 ("Autotuner could not find any supported '
+          'configs"); pip install -r requirements-gpu.txt')
+  logging.warning('%s', line)
+  return line
+
+
+def _release(version):
+  return tuple(int(part) for part in version.split('.')[:2])
 
 
 # Steps per execution when the config leaves it at 0. Each execution is one
