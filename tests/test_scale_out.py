@@ -225,11 +225,26 @@ def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):
 @pytest.mark.parametrize('tpu', ['missing-name', 'local',
                                  'grpc://127.0.0.1:1'])
 def test_unreachable_tpu_fails_in_one_line(tmp_path, tpu):
-  """No TPU exists here: each form fails where a real TPU would answer."""
+  """No TPU exists here: each form fails where a real TPU would answer.
+
+  --tpu=local picks its backend first (pipeline/backend.py): TensorFlow's
+  TPU build where it is installed (it then finds no TPU); with neither it
+  nor JAX installed, the line says what to install.
+  """
   result = run_train(f'--tpu={tpu}', f'--workdir={tmp_path}', timeout=300)
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
-  assert len(errors) == 1 and f"TPU '{tpu}' could not be reached" in errors[0]
+  expected = f"TPU '{tpu}' could not be reached"
+  if tpu == 'local' and not _installed('tensorflow-tpu'):
+    assert not _installed('jax')  # The JAX suite covers JAX's own line.
+    expected = ('--tpu=local, but neither tensorflow-tpu nor JAX is '
+                "installed; on today's TPUs (Colab, TPU7x): pip install -r "
+                'requirements-jax.txt')
+  assert len(errors) == 1 and expected in errors[0], errors
+
+
+def _installed(distribution):
+  return devices.installed(distribution) is not None
 
 
 @pytest.mark.slow
