@@ -78,10 +78,14 @@ def test_a_terminal_shows_the_run_and_a_live_bar(tmp_path):
   assert code == 0, terminal[-3000:]
   assert 'steps to 8' in terminal and '\r' in terminal
   lines = [l for l in terminal.replace('\r', '\n').splitlines() if l.strip()]
-  assert lines[0].endswith('Prepared sklearn_digits (bundled with '
+  # The backend's line first (it is chosen before anything loads), then
+  # the data's preparation, then the rest of the plan.
+  assert re.match(r'\d\d:\d\d:\d\d Backend: tensorflow \(no TPU',
+                  lines[0]), lines[:3]
+  assert lines[1].endswith('Prepared sklearn_digits (bundled with '
                            'scikit-learn) in ' +
                            f'{tmp_path}/fresh_tfds/sklearn_digits/1.0.0')
-  assert re.match(r'\d\d:\d\d:\d\d Run: CPU', lines[1]), lines[:3]
+  assert re.match(r'\d\d:\d\d:\d\d Run: CPU', lines[2]), lines[:3]
   assert not NOISE.search(terminal), NOISE.search(terminal).group(0)
   assert 'Done: eval_accuracy' in terminal
 
