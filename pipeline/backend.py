@@ -26,12 +26,12 @@ _TPU_DEVICE_FILES = ('/dev/accel0', '/dev/vfio/0')
 _chosen = {}
 
 
-def _installed(distribution):
+def installed(distribution):
+  """The installed version of a pip distribution, or None."""
   try:
-    importlib.metadata.version(distribution)
-    return True
+    return importlib.metadata.version(distribution)
   except importlib.metadata.PackageNotFoundError:
-    return False
+    return None
 
 
 def jax_installed():
@@ -51,7 +51,7 @@ def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None):
   (tests); None looks. A one-line UserError for an unknown backend, or for
   JAX asked for or needed and not installed.
   """
-  tensorflow_tpu = (_installed('tensorflow-tpu') if tensorflow_tpu is None
+  tensorflow_tpu = (bool(installed('tensorflow-tpu')) if tensorflow_tpu is None
                     else tensorflow_tpu)
   jax = jax_installed() if jax is None else jax
   if requested not in BACKENDS:

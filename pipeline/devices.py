@@ -10,7 +10,6 @@ img/s at 64 px, BUILD_NOTES.md), with the same code otherwise.
 """
 
 import dataclasses
-import importlib.metadata
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from typing import Optional
 import tensorflow as tf
 
 from pipeline import tpu_runtime
+from pipeline.backend import installed
 from pipeline.errors import UserError
 
 
@@ -60,14 +60,6 @@ class Hardware:
   @property
   def num_replicas(self):
     return self.strategy.num_replicas_in_sync
-
-
-def installed(distribution):
-  """The installed version of a pip distribution, or None."""
-  try:
-    return importlib.metadata.version(distribution)
-  except importlib.metadata.PackageNotFoundError:
-    return None
 
 
 def tensorflow_version():
