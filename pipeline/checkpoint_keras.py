@@ -107,11 +107,6 @@ class KerasFiles:
     return missing
 
 
-def is_keras_checkpoint(path):
-  """Whether the checkpoint `path` (no suffix) is a Keras weights file."""
-  return os.path.exists(path + SUFFIX)
-
-
 class TensorFlowReader(KerasFiles):
   """A JAX run's checkpoints read by the TensorFlow trainer (launch.evaluate
   on a TensorFlow machine): the model, the step and the moving average.
