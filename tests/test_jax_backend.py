@@ -195,6 +195,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two backends' compiles: about 3.5 minutes here
 def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
   output = tmp_path / 'backends.json'
   result = run_module(
