@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from pipeline import backend
+from pipeline import compile_cache
 from pipeline.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +42,20 @@ NO_TPU_NOISE = re.compile('|'.join([
     r'libtpu_init_utils\.cc',
     r'Failed to (get|read) .*metadata',
 ]))
+# Native lines about the run that nobody needs on the console; they go to
+# the run's log file (run.log) instead.
+QUIET = re.compile('|'.join([
+    # XLA drops tf.debugging asserts (Keras' own, in its metrics).
+    r'assert_op\.cc:\d+\] Ignoring Assert operator',
+    # XLA's GPU autotuner, timing kernels on a busy GPU.
+    r'cuda_timer\.cc:\d+\] Delay kernel timed out',
+    # TensorFlow tries text before binary when it loads a compiled program
+    # from the compile cache (pipeline/compile_cache.py).
+    r'text_format\.cc:\d+\] Error parsing text-format '
+    r'tensorflow\.XlaSerializedCacheEntry',
+]))
+# A line this process writes to the filter: the log file for QUIET lines.
+_LOG_MARKER = 'PIPELINE_NATIVE_LOG='
 _filtering = []
 
 def _flag(argv, name):
@@ -61,6 +76,7 @@ def prepare(argv):
   asks for; a one-line exit for a backend that cannot run."""
   try:
     backend.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
+    compile_cache.prepare(_flag(argv, 'config.compile_cache_dir'))
   except UserError as e:
     sys.exit(f'error: {e}')
   # Warnings and errors from TensorFlow's C++ side; its INFO lines are noise.
@@ -86,10 +102,28 @@ def prepare(argv):
 # native "Check failed") still reach the screen after this one dies.
 _FILTER = """
 import re, sys
-noise = re.compile(sys.argv[1])
-out = sys.stdout.buffer
+noise, quiet, marker = re.compile(sys.argv[1]), re.compile(sys.argv[2]), sys.argv[3]
+out, log, kept = sys.stdout.buffer, None, []
 for line in sys.stdin.buffer:
-  if not noise.search(line.decode('utf-8', 'replace')):
+  text = line.decode('utf-8', 'replace')
+  if text.startswith(marker):
+    if log:
+      log.close()
+    path = text[len(marker):].strip()
+    log = open(path, 'ab') if path else None
+    if log:
+      log.writelines(kept)
+      log.flush()
+      kept = []
+  elif noise.search(text):
+    continue
+  elif quiet.search(text):
+    if log:
+      log.write(line)
+      log.flush()
+    else:
+      kept = kept[-999:] + [line]
+  else:
     out.write(line)
     out.flush()
 """
@@ -97,7 +131,9 @@ for line in sys.stdin.buffer:
 
 def filter_native_stderr(noise=NATIVE_NOISE):
   """Drops `noise` lines that native code writes to this process's stderr
-  (file descriptor 2); every other line passes, in order.
+  (file descriptor 2) and sends QUIET ones to the log file that
+  `native_lines_to` names (kept until then); every other line passes, in
+  order.
 
   Python's own output (logging, progress bars, tracebacks, a one-line
   error) goes straight to the real stderr through a new sys.stderr, so
@@ -111,7 +147,8 @@ def filter_native_stderr(noise=NATIVE_NOISE):
   direct = os.dup(2)
   read_end, write_end = os.pipe()
   child = subprocess.Popen(
-      [sys.executable, '-S', '-c', _FILTER, noise.pattern],
+      [sys.executable, '-S', '-c', _FILTER, noise.pattern, QUIET.pattern,
+       _LOG_MARKER],
       stdin=read_end, stdout=direct, stderr=direct)
   os.close(read_end)
   os.dup2(write_end, 2)
@@ -128,3 +165,10 @@ def filter_native_stderr(noise=NATIVE_NOISE):
       pass  # A child process of ours still holds the pipe; it will end.
 
   atexit.register(drain)
+
+
+def native_lines_to(path):
+  """From now on QUIET native lines, and those kept so far, go to the file
+  `path` (appended to); '' stops that. Nothing without the filter."""
+  if _filtering:
+    os.write(2, f'{_LOG_MARKER}{path}\n'.encode())

@@ -15,10 +15,12 @@ from absl import logging
 
 from pipeline import backend as backend_lib
 from pipeline import cache as cache_lib
+from pipeline import compile_cache as compile_cache_lib
 from pipeline import devices
 from pipeline import finetune
 from pipeline import models
 from pipeline import precision
+from pipeline import saved_policy
 from pipeline import sources
 from pipeline import storage
 from pipeline import validation
@@ -78,6 +80,7 @@ class Plan:
   frozen_steps: int = 0  # Fine-tuning: steps that train the head alone.
   backend: str = 'tensorflow'  # Keras' backend: 'tensorflow' or 'jax'.
   backend_reason: str = ''
+  compile_cache: Optional[compile_cache_lib.Settings] = None
 
   @property
   def policy(self):
@@ -114,6 +117,8 @@ class Plan:
         'graph_rewrite': self.precision.graph_rewrite,
         'xla': self.xla,
         'xla_reason': self.xla_reason,
+        'compile_cache': (self.compile_cache.directory if self.compile_cache
+                          else None),
         'global_batch_size': self.global_batch_size,
         'per_replica_batch_size': self.per_replica_batch_size,
         'steps_per_execution': self.steps_per_execution,
@@ -144,7 +149,9 @@ class Plan:
         f'Precision: {p.policy} ({p.reason}'
         f'{"; " + p.graph_rewrite if p.graph_rewrite else ""}); loss scaling '
         f'{"on" if p.loss_scaling else "off"}',
-        f'XLA: {"on" if self.xla else "off"} ({self.xla_reason})',
+        f'XLA: {"on" if self.xla else "off"} ({self.xla_reason})'
+        + (f'; {self.compile_cache.describe()}'
+           if self.xla and self.compile_cache else ''),
         f'Batch: {self.global_batch_size} global, '
         f'{self.per_replica_batch_size} per replica; '
         f'{self.steps_per_execution} steps per execution '
@@ -197,7 +204,8 @@ def resolve(config, request, hardware=None):
   hardware = hardware or request.find_hardware()
   resolved_precision = precision.resolve(request.policy, hardware.device_kind,
                                          hardware.gpu_compute_capability,
-                                         backend)
+                                         backend, _measured(request, hardware,
+                                                            backend))
   xla, xla_reason = choose_xla(request.xla, hardware, resolved_precision.policy,
                                backend)
   check_cudnn(xla, hardware)
@@ -223,10 +231,34 @@ def resolve(config, request, hardware=None):
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
       cache=cache, cache_reason=cache_reason,
       frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
-      backend=backend, backend_reason=backend_reason)
+      backend=backend, backend_reason=backend_reason,
+      compile_cache=_compile_cache(config))
   for line in plan.describe(config)[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan
+
+
+def _measured(request, hardware, backend):
+  """The policy the user's saved sweep found fastest on this GPU model and
+  software, with its reason; None elsewhere."""
+  if (request.policy != 'auto' or backend != 'tensorflow' or
+      not hardware.gpu_name):
+    return None
+  return saved_policy.load(hardware.gpu_name,
+                           compile_cache_lib.versions(backend))
+
+
+def _compile_cache(config):
+  """What environment.prepare set up before TensorFlow loaded (None in a
+  process that did not run it); the config must agree with it."""
+  settings = compile_cache_lib.chosen()
+  if settings and config.compile_cache_dir != settings.setting:
+    raise UserError(
+        f'compile_cache_dir={config.compile_cache_dir!r} came from a config '
+        'file; XLA reads it as TensorFlow loads, before configs are: give it '
+        f'on the command line, --config.compile_cache_dir='
+        f'{config.compile_cache_dir}')
+  return settings
 
 
 def _check_jax(config, frozen_steps):
