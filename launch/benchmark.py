@@ -35,6 +35,7 @@ from pipeline import console
 from pipeline import benchmark
 from pipeline import benchmark_report
 from pipeline import plan
+from pipeline import saved_policy
 from pipeline import storage
 from pipeline.errors import UserError
 
@@ -50,6 +51,10 @@ _POLICIES = cli.define_policy_list(
     'batch for each of these policies (and each XLA setting valid here) and '
     'print images/s, compile time and the fastest, e.g. '
     'float32,mixed_float16,mixed_bfloat16.', required=False)
+_SAVE_POLICY = flags.DEFINE_bool(
+    'save_policy', False, 'With --policies on a GPU: keep the fastest policy '
+    'for this GPU model and software, so --policy=auto takes it there '
+    '(pipeline/saved_policy.py).')
 _XLA_SETTINGS = flags.DEFINE_list(
     'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try '
     '(off, on).')
@@ -80,9 +85,16 @@ def main(argv):
       result = benchmark.across_backends(_BACKENDS.value, _child_args())
       text = benchmark_report.backends_table(result)
     elif _POLICIES.value:
+      hardware = request.find_hardware()
+      if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
+        raise UserError('--save_policy keeps a policy for a GPU model; this '
+                        f'machine trains on {hardware.device_kind}')
       result = benchmark.sweep(config, request, _POLICIES.value,
-                               _XLA_SETTINGS.value, _EXECUTIONS.value)
+                               _XLA_SETTINGS.value, _EXECUTIONS.value,
+                               hardware)
       text = benchmark_report.sweep_table(result)
+      if _SAVE_POLICY.value:
+        text += '\n' + saved_policy.save_sweep(result)
     else:
       result = benchmark.run(config, plan.resolve(config, request),
                              _EXECUTIONS.value, _INPUT_ONLY.value,

@@ -261,14 +261,16 @@ def xla_settings(hardware):
   return [('off', None), ('on', None)]
 
 
-def sweep(config, request, policies, xla=('off', 'on'), executions=3):
+def sweep(config, request, policies, xla=('off', 'on'), executions=3,
+          hardware=None):
   """Trains a few executions on a synthetic batch for every valid (policy,
   XLA) pair: rows of images/s and compile time, or why a pair was skipped.
 
   For deciding on new hardware in minutes: no accuracy (launch.compare
-  trains to accuracy). The hardware is found once, for all pairs.
+  trains to accuracy). The hardware is found once (unless given), for all
+  pairs.
   """
-  hardware = request.find_hardware()
+  hardware = hardware or request.find_hardware()
   rows = []
   for policy in policies:
     for setting, skip in xla_settings(hardware):
@@ -295,6 +297,7 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3):
   float32 = [r['images_per_sec'] for r in measured if r['policy'] == 'float32']
   return {
       'device_kind': hardware.device_kind, 'detail': hardware.detail,
+      'gpu_name': hardware.gpu_name, 'time': time.strftime('%Y-%m-%d %H:%M'),
       'strategy': hardware.strategy_name, 'model': config.model,
       'image_size': config.image_size,
       'global_batch_size': config.global_batch_size, 'rows': rows,

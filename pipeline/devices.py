@@ -40,6 +40,7 @@ class Hardware:
   task_index: int = 0
   is_chief: bool = True
   gpu_compute_capability: Optional[tuple] = None
+  gpu_name: Optional[str] = None  # The model, e.g. 'NVIDIA H100 80GB HBM3'.
   detail: str = ''
   # A TPU Node's workers (--tpu=NAME or grpc://) run on other hosts and read
   # only gs:// paths; a TPU VM's (--tpu=local) are this host.
@@ -217,7 +218,7 @@ def _gpus(gpus):
   else:
     strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
   return Hardware(strategy, 'GPU', gpu_compute_capability=capability,
-                  detail=f'{len(gpus)} x {name}')
+                  gpu_name=name, detail=f'{len(gpus)} x {name}')
 
 
 def parse_tf_config(text):

@@ -94,10 +94,14 @@ class Precision:
 
 
 def resolve(requested, device_kind, gpu_compute_capability=None,
-            backend='tensorflow'):
-  """The Precision for --policy=`requested` on this hardware, or UserError."""
+            backend='tensorflow', measured=None):
+  """The Precision for --policy=`requested` on this hardware, or UserError.
+  `measured`: (policy, reason) saved for this GPU (saved_policy.py), which
+  `auto` takes over the rule."""
   policy, reason = choose_policy(requested, device_kind,
                                  gpu_compute_capability, cpu_has_amx())
+  if requested == 'auto' and measured:
+    policy, reason = measured
   if backend == 'jax':
     policy, reason = _on_jax(requested, policy, reason)
   return Precision(

@@ -41,9 +41,11 @@ def test_sweep_prints_the_table_and_the_fastest(tmp_path, tfds_dir):
     ('--policies=float32,fp8', "--policies: unknown policy 'fp8'; accepted: "
      'float32, mixed_float16'),
     ('--xla_settings=sometimes', '--xla_settings takes off, on or both'),
+    ('--save_policy', '--save_policy keeps a policy for a GPU model; this '
+     'machine trains on CPU'),
 ])
 def test_sweep_bad_input_is_one_line(flag, message, tfds_dir):
-  extra = ['--policies=float32'] if 'xla' in flag else []
+  extra = ['--policies=float32'] if 'policies' not in flag else []
   result = run_module('launch.benchmark', flag, *extra,
                       f'--config.data_dir={tfds_dir}', *_TINY)
   assert result.returncode != 0 and 'Traceback' not in result.stderr

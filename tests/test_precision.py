@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from pipeline import compile_cache
 from pipeline import models
 from pipeline import plan
 from pipeline import precision
+from pipeline import saved_policy
 from pipeline.errors import UserError
 
 
@@ -211,46 +213,139 @@ def _stand_in(device_kind, capability=None, replicas=1):
                                gpu_compute_capability=capability)
 
 
-# (GPU, compute capability, TensorFlow, cuDNN) -> the policy, XLA and the
-# lines a user reads. The GPUs stand in: none can exist here.
-@pytest.mark.parametrize('gpu, capability, tf_version, cudnn, policy, xla, '
-                         'says', [
-    ('H100', (9, 0), '2.21.0', '9.28.0.42', 'mixed_bfloat16', True,
+# (GPU, compute capability, TensorFlow, cuDNN, the user's environment) -> the
+# policy, XLA, the compile cache and the lines a user reads. The GPUs stand
+# in: none can exist here. CACHE is the folder under the per-user root, or
+# the user's own; AUTOTUNE whether XLA_FLAGS gains the autotune folder.
+H100 = 'NVIDIA H100 80GB HBM3'
+CACHE = 'tf-2.21.0-cudnn-9.28.0.42/NVIDIA-H100-80GB-HBM3'
+FIRST_RUN = ('per user, software and GPU; the first run on a machine '
+             'compiles, for minutes on a GPU or TPU, later runs load')
+
+
+@pytest.mark.parametrize('gpu, capability, tf_version, cudnn, environ, '
+                         'policy, xla, cache, autotune, says', [
+    (H100, (9, 0), '2.21.0', '9.28.0.42', {}, 'mixed_bfloat16', True, CACHE,
+     True,
      ['GPU compute capability 9.0 has bfloat16 tensor cores: measured faster '
       'than mixed_float16 on an H100 (5,845 vs 5,677 img/s, B0 224 px) and '
-      'needs no loss scaling', 'single GPU: fused kernels help']),
-    ('A100', (8, 0), '2.21.0', '9.28.0.42', 'mixed_bfloat16', True,
+      'needs no loss scaling', 'single GPU: fused kernels help',
+      f'compiled programs cached in {{root}}/{CACHE} ({FIRST_RUN})']),
+    # A user's own XLA flags are kept, the autotune folder joins them.
+    (H100, (9, 0), '2.21.0', '9.28.0.42',
+     {'XLA_FLAGS': '--xla_gpu_enable_latency_hiding_scheduler=true'},
+     'mixed_bfloat16', True, CACHE, True, [FIRST_RUN]),
+    # A user's own caches win: nothing of theirs is changed.
+    (H100, (9, 0), '2.21.0', '9.28.0.42',
+     {'TF_XLA_FLAGS': '--tf_xla_persistent_cache_directory=/fast/xla',
+      'XLA_FLAGS': '--xla_gpu_per_fusion_autotune_cache_dir=/fast/at'},
+     'mixed_bfloat16', True, '/fast/xla', False,
+     ['compiled programs cached in /fast/xla (your TF_XLA_FLAGS)']),
+    ('NVIDIA A100-SXM4-40GB', (8, 0), '2.21.0', '9.28.0.42', {},
+     'mixed_bfloat16', True,
+     'tf-2.21.0-cudnn-9.28.0.42/NVIDIA-A100-SXM4-40GB', True,
      ['GPU compute capability 8.0 has bfloat16 tensor cores']),
-    ('V100', (7, 0), '2.21.0', '9.28.0.42', 'mixed_float16', True,
-     ['GPU compute capability 7.0 has float16 tensor cores and no bfloat16 '
-      'ones']),
-    ('P100', (6, 0), '2.21.0', '9.28.0.42', 'float32', True,
+    ('Tesla V100-SXM2-16GB', (7, 0), '2.21.0', '9.28.0.42', {},
+     'mixed_float16', True, 'tf-2.21.0-cudnn-9.28.0.42/Tesla-V100-SXM2-16GB',
+     True, ['GPU compute capability 7.0 has float16 tensor cores and no '
+            'bfloat16 ones']),
+    ('Tesla P100-PCIE-16GB', (6, 0), '2.21.0', '9.28.0.42', {}, 'float32',
+     True, 'tf-2.21.0-cudnn-9.28.0.42/Tesla-P100-PCIE-16GB', True,
      ['GPU compute capability 6.0 has no 16-bit tensor cores']),
-    ('RTX PRO 6000 Blackwell', (12, 0), '2.21.0', '9.28.0.42',
+    ('NVIDIA RTX PRO 6000 Blackwell', (12, 0), '2.21.0', '9.28.0.42', {},
      'mixed_bfloat16', False,
+     'tf-2.21.0-cudnn-9.28.0.42/NVIDIA-RTX-PRO-6000-Blackwell', True,
      ['compute capability 12.0 (Blackwell) with TensorFlow 2.21.0: its XLA '
       'fails with "PTX version 8.5 does not support target sm_120" '
       '(tensorflow#111958, fixed after 2.21.0); --xla=on to try anyway']),
-    ('B200', (10, 0), '2.22.0', '9.28.0.42', 'mixed_bfloat16', True,
+    ('NVIDIA B200', (10, 0), '2.22.0', '9.28.0.42', {}, 'mixed_bfloat16', True,
+     'tf-2.22.0-cudnn-9.28.0.42/NVIDIA-B200', True,
      ['single GPU: fused kernels help']),  # Fixed after 2.21.
-    ('H100, old cuDNN', (9, 0), '2.21.0', '9.10.2.21', 'mixed_bfloat16',
-     True, ['cuDNN 9.10.2.21 is older than 9.24, whose XLA convolutions fail '
-            'on TensorFlow 2.21 ("Autotuner could not find any supported '
-            'configs"); pip install -r requirements-gpu.txt']),
+    (H100, (9, 0), '2.21.0', '9.10.2.21', {}, 'mixed_bfloat16', True,
+     'tf-2.21.0-cudnn-9.10.2.21/NVIDIA-H100-80GB-HBM3', True,
+     ['cuDNN 9.10.2.21 is older than 9.24, whose XLA convolutions fail on '
+      'TensorFlow 2.21 ("Autotuner could not find any supported configs"); '
+      'pip install -r requirements-gpu.txt']),
 ])
-def test_each_gpu_gets_its_policy_and_xla_with_the_reason(
-    gpu, capability, tf_version, cudnn, policy, xla, says):
-  del gpu  # The case's name.
+def test_each_gpu_gets_its_policy_xla_and_compile_cache_with_the_reason(
+    gpu, capability, tf_version, cudnn, environ, policy, xla, cache, autotune,
+    says, tmp_path, monkeypatch):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  root = compile_cache.root()
   hardware = _stand_in('GPU', capability)
   chosen, policy_reason = precision.choose_policy('auto', 'GPU', capability)
   xla_on, xla_reason = plan.choose_xla('auto', hardware, chosen,
                                        tensorflow_version=tf_version)
   warning = plan.check_cudnn(xla_on, hardware, cudnn_version=cudnn)
+  settings = compile_cache.choose('', 'tensorflow', environ, [gpu], True,
+                                  f'tf-{tf_version}-cudnn-{cudnn}')
   assert (chosen, xla_on) == (policy, xla)
-  lines = [policy_reason, xla_reason, warning or '']
+  assert settings.directory == os.path.join(root, cache)
+  new = settings.environment
+  if cache.startswith('/'):  # The user's: left as they set it.
+    assert not new
+  else:
+    assert new['TF_XLA_FLAGS'] == (
+        f'--tf_xla_persistent_cache_directory={root}/{cache}')
+  if autotune:
+    assert new['XLA_FLAGS'] == ' '.join(filter(None, [
+        environ.get('XLA_FLAGS'),
+        f'--xla_gpu_per_fusion_autotune_cache_dir={root}/{cache}/autotune']))
+  else:
+    assert 'XLA_FLAGS' not in new
+  lines = [policy_reason, xla_reason, warning or '', settings.describe()]
   for line in says:
-    assert any(text.startswith(line) for text in lines), (line, lines)
+    line = line.format(root=root)
+    assert any(line in text for text in lines), (line, lines)
   assert (warning is not None) == cudnn.startswith('9.10')
+
+
+def _h100_sweep():
+  """launch.benchmark's sweep result on an H100, where float16 came first."""
+  rows = [{'policy': 'mixed_float16', 'xla': 'on', 'images_per_sec': 5905.0,
+           'compile_s': 160.0},
+          {'policy': 'mixed_bfloat16', 'xla': 'on', 'images_per_sec': 5845.0,
+           'compile_s': 154.0},
+          {'policy': 'float32', 'xla': 'on', 'images_per_sec': 2100.0,
+           'compile_s': 120.0}]
+  return {'device_kind': 'GPU', 'gpu_name': H100, 'model': 'efficientnet_b0',
+          'image_size': 224, 'global_batch_size': 256, 'rows': rows,
+          'fastest': rows[0], 'time': '2026-11-23 15:40'}
+
+
+def test_a_saved_sweep_for_this_gpu_and_software_wins_over_the_rule(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  software = compile_cache.versions('tensorflow')
+  path = saved_policy.save(_h100_sweep(), H100, software)
+  request = plan.Request(policy='auto')
+  h100 = types.SimpleNamespace(device_kind='GPU', gpu_name=H100,
+                               gpu_compute_capability=(9, 0), num_replicas=1)
+  measured = plan._measured(request, h100, 'tensorflow')
+  resolved = precision.resolve('auto', 'GPU', (9, 0), measured=measured)
+  assert (resolved.policy, resolved.loss_scaling) == ('mixed_float16', True)
+  assert resolved.reason == (
+      'your sweep saved for this GPU and software: 5,905 img/s against '
+      'float32 2,100, mixed_bfloat16 5,845 (efficientnet_b0 224 px, batch '
+      f'256; {path})')
+  # An explicit policy, another GPU model, other software or the JAX
+  # backend: the rule.
+  assert precision.resolve('mixed_bfloat16', 'GPU', (9, 0),
+                           measured=measured).policy == 'mixed_bfloat16'
+  a100 = types.SimpleNamespace(**dict(vars(h100), gpu_name='NVIDIA A100'))
+  assert plan._measured(request, a100, 'tensorflow') is None
+  assert saved_policy.load(H100, software + '-cudnn-9.30.0.1') is None
+  assert plan._measured(request, h100, 'jax') is None
+
+
+def test_a_damaged_saved_sweep_falls_back_to_the_rule(tmp_path, monkeypatch,
+                                                      caplog):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  path = saved_policy.save(_h100_sweep(), H100, 'tf-2.21.0')
+  with open(path, 'r+', encoding='utf-8') as f:
+    f.truncate(40)
+  assert saved_policy.load(H100, 'tf-2.21.0') is None
+  assert f'saved policy {path} is unreadable' in caplog.text
 
 
 @pytest.mark.parametrize('requested, capability, expected', [
