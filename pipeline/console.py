@@ -11,7 +11,9 @@ steps and is erased when that stretch's summary line prints; anywhere else
 character. absl's --verbosity still sets what is logged.
 
 TensorFlow's native start-up lines are filtered earlier, at the file
-descriptor, and never reach the file (pipeline/environment.py).
+descriptor, and never reach the file; native lines about the run that need
+no reading (XLA ignoring an assert, its GPU autotuner's timer) go to the
+file only (pipeline/environment.py).
 """
 
 import logging as std_logging
@@ -87,11 +89,13 @@ def log_to_file(path):
       file_handler.handle(record)
     _pending = None
   root.addHandler(file_handler)
+  environment.native_lines_to(os.path.abspath(path))
   return file_handler
 
 
 def stop_logging_to(file_handler):
   if file_handler is not None:
+    environment.native_lines_to('')
     std_logging.getLogger().removeHandler(file_handler)
     file_handler.close()
 

@@ -113,6 +113,47 @@ def test_real_tensorflow_warnings_still_show(tmp_path):
   assert not NOISE.search(result.stderr), result.stderr
 
 
+def test_native_lines_about_the_run_go_to_the_log_file_only(tmp_path):
+  """XLA ignoring an assert (real, from a compiled tf.debugging assert) and
+  two lines a GPU prints (written as its native code would: no GPU here)
+  reach run.log and not the console; other lines still show."""
+  log = tmp_path / 'run.log'
+  gpu_lines = (
+      'E0000 00:00:1763900000.1 123 cuda_timer.cc:87] Delay kernel timed '
+      'out: measured time has sub-optimal accuracy.\n'
+      'E0000 00:00:1763900000.2 123 text_format.cc:378] Error parsing '
+      'text-format tensorflow.XlaSerializedCacheEntry: 2:1: Expected '
+      'identifier, got: 5\n')
+  script = tmp_path / 'quiet.py'
+  script.write_text(
+      'import os, sys\n'
+      f'sys.path.insert(0, {REPO!r})\n'
+      'from pipeline import environment\n'
+      'environment.prepare(sys.argv)\n'
+      'environment.filter_native_stderr()\n'
+      'import tensorflow as tf\n'
+      'tf.config.optimizer.set_jit(False)\n'
+      '@tf.function(jit_compile=True)\n'
+      'def f(x):\n'
+      '  with tf.control_dependencies([tf.debugging.assert_non_negative(x)]):\n'
+      '    return x + 1\n'
+      'f(tf.ones(3))  # Before the log file: kept, then written.\n'
+      f'environment.native_lines_to({str(log)!r})\n'
+      f'os.write(2, {gpu_lines.encode()!r})\n'
+      "os.write(2, b'W0000 a native line about something else\\n')\n"
+      "environment.native_lines_to('')\n")
+  result = subprocess.run([sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=300, check=False, env=USER_ENV)
+  assert result.returncode == 0, result.stderr
+  kept = log.read_text()
+  for line in ('assert_op.cc', 'cuda_timer.cc:87', 'text_format.cc:378'):
+    assert line not in result.stderr, result.stderr
+    assert line in kept
+  assert 'Ignoring Assert operator' in kept
+  assert 'a native line about something else' in result.stderr
+  assert 'something else' not in kept
+
+
 @pytest.mark.parametrize('total_steps, points', [
     (8, 8), (200, 200), (201, 101), (399, 200), (400, 200), (401, 134),
     (218_949, 200)])
