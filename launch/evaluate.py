@@ -58,7 +58,7 @@ def main(argv):
     config, policy, trained_on = evaluation.run_config(
         cli.WORKDIR.value, cli.STAGING_DIR.value,
         config_flags.get_override_values(flags.FLAGS['config']))
-    request = cli.request(config)
+    request = dataclasses.replace(cli.request(config), trains=False)
     if not cli.POLICY.present:
       request = dataclasses.replace(request, policy=policy)
     plan = plan_lib.resolve(config, request)

@@ -48,6 +48,7 @@ class Request:
   allow_cpu: bool = False  # Train on the CPU beside unusable NVIDIA GPUs.
   # A gs:// workdir's lease lapses this long after its holder's last renewal.
   workdir_lease_s: float = 120.0
+  trains: bool = True  # False: reads another run's workdir (launch.evaluate).
 
   def find_hardware(self):
     if backend_lib.current()[0] == 'jax':
@@ -212,7 +213,7 @@ def resolve(config, request, hardware=None):
   steps_per_execution, steps_reason = choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind)
   validation.validate(config, hardware.num_replicas, models.MODELS)
-  workdir = _open_workdir(config, request, hardware)
+  workdir = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
   cache, cache_reason = cache_lib.choose(config, source)
   steps_per_epoch = epoch_steps(config.examples_per_epoch,
@@ -281,7 +282,7 @@ def _check_jax(config, frozen_steps):
         '--config.freeze_backbone_epochs=0 or use --backend=tensorflow')
 
 
-def _open_workdir(config, request, hardware):
+def _open_workdir(config, request, hardware, backend):
   """The run's Workdir, checked: TPU Node paths, writability, identity."""
   if request.workdir is None:
     return None
@@ -291,14 +292,17 @@ def _open_workdir(config, request, hardware):
                             lease_s=request.workdir_lease_s)
   if hardware.is_chief:
     workdir.check()  # For gs://: bucket exists and takes a write, or one line.
-    if not _check_same_run(workdir, config):  # A run that starts now.
+    if not _check_same_run(workdir, config,
+                           backend if request.trains else None):  # Starts.
       finetune.check_source(config, request.staging_dir)
   return workdir
 
 
-def _check_same_run(workdir, config):
-  """A one-line UserError if the workdir holds another run; whether it
-  holds this one."""
+def _check_same_run(workdir, config, backend=None):
+  """A one-line UserError if the workdir holds another run, or (given the
+  `backend` that would resume it) this one trained on the other backend:
+  each resumes from its own checkpoint files, and the other's would be
+  passed over and the run start again. Whether it holds this run."""
   saved = workdir.read_json('run.json')
   if not saved:
     return False
@@ -308,6 +312,11 @@ def _check_same_run(workdir, config):
           f'workdir {workdir.url!r} holds a run with {key}='
           f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
           '--workdir to start a new run')
+  trained_on = saved.get('resolved', {}).get('backend', 'tensorflow')
+  if backend and trained_on != backend:
+    raise UserError(
+        f'workdir {workdir.url!r} holds a run trained on {trained_on}, which '
+        f'resumes there only: --backend={trained_on}, or another --workdir')
   return True
 
 

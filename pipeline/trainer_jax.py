@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from pipeline import checkpoint_keras
 from pipeline import decode
@@ -167,9 +168,12 @@ class Trainer:
 
   def checkpoint_files(self, directory, max_to_keep, io_device=None,
                        keras_format=True):
-    """The Keras-file local layer of this run's checkpoints (JAX reads
-    only those; `io_device` is a TPU Node's, which JAX never drives)."""
-    del io_device, keras_format
+    """The local layer of this run's checkpoints: Keras' files, or (not
+    `keras_format`: a run trained on TensorFlow, read here) TensorFlow's.
+    `io_device` is a TPU Node's, which JAX never drives."""
+    del io_device
+    if not keras_format:
+      return _TensorFlowRunFiles(self, directory, max_to_keep)
     return _StateFiles(self, directory, max_to_keep)
 
   @contextlib.contextmanager
@@ -221,6 +225,84 @@ class _StateFiles(checkpoint_keras.KerasFiles):
 
   def restore(self, path, optional=()):
     missing = super().restore(path, optional)
+    self.trainer.read_back()
+    return missing
+
+
+class _TensorFlowRunFiles:
+  """A TensorFlow run's checkpoints read by the JAX trainer (launch.evaluate
+  on a JAX machine): the model, the step and the moving average.
+
+  A TensorFlow checkpoint holds its object graph: every saved object's
+  children by attribute name. Walking it from `model`, `step` and `ema` and
+  following the same attribute names from the same objects here
+  (`model/_operations/2/_operations/101/moving_mean`: layers by their place
+  in the Functional graph, which Keras builds alike on every backend;
+  `ema/values/7`, whose JAX twin is also `values`) finds each variable,
+  whichever path its key was saved under (often the optimizer's). The
+  optimizer is not read: evaluating needs none. Never written: the run
+  resumes on TensorFlow.
+  """
+
+  def __init__(self, trainer, directory, max_to_keep):
+    del max_to_keep
+    self.trainer, self.directory = trainer, directory
+    self.roots = dict(model=trainer.model,
+                      step=trainer.step_variables.values[0])
+    if trainer.ema:
+      self.roots['ema'] = trainer.ema.variables
+
+  def save(self, step):
+    raise UserError(f'{self.directory} holds a run trained on TensorFlow; it '
+                    'resumes with --backend=tensorflow')
+
+  def latest(self):
+    found = self.paths(self.directory)
+    return found[-1] if found else None
+
+  @staticmethod
+  def paths(directory):
+    state = tf.train.get_checkpoint_state(directory)
+    return list(state.all_model_checkpoint_paths if state else [])
+
+  def restore(self, path, optional=()):
+    """Restores `path`; returns the `optional` parts it lacks. ValueError
+    where the file does not hold this model."""
+    reader = tf.train.load_checkpoint(path)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor('_CHECKPOINTABLE_OBJECT_GRAPH'))
+    found = {}  # Node id: the object here at the same attribute path.
+    queue = []
+    for child in graph.nodes[0].children:
+      if child.local_name in self.roots:
+        found[child.node_id] = self.roots[child.local_name]
+        queue.append(child.node_id)
+    missing = [n for n in optional if n in self.roots and not any(
+        c.local_name == n for c in graph.nodes[0].children)]
+    assigned = set()
+    while queue:
+      node = queue.pop(0)
+      here = found[node]
+      for attribute in graph.nodes[node].attributes:
+        if attribute.name == 'VARIABLE_VALUE':
+          here.assign(reader.get_tensor(attribute.checkpoint_key))
+          assigned.add(id(here))
+      for child in graph.nodes[node].children:
+        if child.node_id in found:
+          continue
+        name = child.local_name
+        try:
+          found[child.node_id] = (
+              here[int(name)] if isinstance(here, (list, tuple))
+              else getattr(here, name))
+        except (AttributeError, IndexError, ValueError, TypeError):
+          continue  # TensorFlow-only bookkeeping, not a variable of ours.
+        queue.append(child.node_id)
+    unread = [v.path for v in self.trainer.model.weights
+              if id(v) not in assigned]
+    if unread:
+      raise ValueError(f'{path} does not hold this model: {len(unread)} '
+                       f'weights not found, e.g. {unread[0]}')
     self.trainer.read_back()
     return missing
 

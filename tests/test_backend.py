@@ -60,3 +60,35 @@ def test_a_backend_that_cannot_run_is_one_line(requested, tpu, installed,
                    **installed)
   assert str(raised.value).startswith(message)
   assert '\n' not in str(raised.value)
+
+
+@pytest.mark.parametrize('trained_on, backend_now, trains, refused', [
+    ('jax', 'tensorflow', True, True),
+    ('tensorflow', 'jax', True, True),
+    (None, 'jax', True, True),  # A run.json from before backends: TensorFlow.
+    ('jax', 'jax', True, False),
+    ('jax', 'tensorflow', False, False),  # launch.evaluate reads either.
+])
+def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
+                                                    trains, refused,
+                                                    tmp_path):
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from pipeline import plan  # pylint: disable=g-import-not-at-top
+  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  resolved = {'backend': trained_on} if trained_on else {}
+  storage.write_json(str(tmp_path / 'run.json'), {
+      'config': {key: config[key] for key in plan.RUN_IDENTITY},
+      'resolved': resolved})
+  workdir = storage.Workdir(str(tmp_path), str(tmp_path / 'staging'))
+  check = lambda: plan._check_same_run(workdir, config,
+                                       backend_now if trains else None)
+  if not refused:
+    assert check() is True
+    return
+  with pytest.raises(UserError) as raised:
+    check()
+  on = trained_on or 'tensorflow'
+  assert str(raised.value) == (
+      f"workdir '{tmp_path}' holds a run trained on {on}, which resumes "
+      f'there only: --backend={on}, or another --workdir')

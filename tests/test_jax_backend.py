@@ -136,6 +136,31 @@ def test_a_bfloat16_jax_run_profiles_exports_and_its_export_predicts(
     assert predicted.stdout.count('.png') == 3, predicted.stdout
 
 
+def test_a_tensorflow_run_is_evaluated_on_jax_and_resumes_on_tensorflow_only(
+    tfds_dir, tmp_path):
+  """The reverse of the first test: a TensorFlow run (this environment has
+  TensorFlow's CPU build) read by launch.evaluate on JAX, its figures within
+  0.005; and `--backend=jax` does not train on in its workdir."""
+  workdir = tmp_path / 'run'
+  trained = run_train(*_args(workdir, tfds_dir, devices=1)[1:],
+                      '--backend=tensorflow')
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['backend'] == 'tensorflow'
+  evaluated = run_module('launch.evaluate', f'--workdir={workdir}',
+                         '--backend=jax', '--num_cpu_devices=2')
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert 'Backend: jax' in evaluated.stderr
+  accuracy = float(re.search(r'accuracy (\d\.\d+)', evaluated.stdout)[1])
+  assert abs(accuracy - metrics['eval_accuracy']) <= 0.005, (
+      accuracy, metrics['eval_accuracy'], evaluated.stdout)
+  resumed = run_train(*_args(workdir, tfds_dir), '--dry_run')
+  assert resumed.returncode == 1
+  assert resumed.stderr.strip().splitlines()[-1] == (
+      f"error: workdir '{workdir}' holds a run trained on tensorflow, which "
+      'resumes there only: --backend=tensorflow, or another --workdir')
+
+
 @pytest.mark.parametrize('flags, message', [
     (['--policy=mixed_float16'], '--policy=mixed_float16 runs on '
      '--backend=tensorflow only'),
