@@ -58,6 +58,19 @@ def tiny_args(workdir, tfds_dir, *extra):
 assert tf.config.list_logical_devices('CPU'), 'TensorFlow sees no CPU'
 
 
+def xla_on_cpu():
+  """False in the TPU build (tensorflow-tpu 2.20), which links no XLA CPU
+  backend: "could not find registered transfer manager for platform Host"."""
+  try:
+    tf.function(lambda x: x, jit_compile=True).experimental_get_compiler_ir(
+        tf.zeros(1))(stage='hlo')
+    return True
+  except ValueError as e:
+    if 'transfer manager' in str(e):
+      return False
+    raise
+
+
 def pytest_runtest_setup(item):
   """Skips what would start after CI's time budget (PIPELINE_TEST_DEADLINE).
 

@@ -12,26 +12,14 @@ import pytest
 import tensorflow as tf
 
 from pipeline import models
+from conftest import xla_on_cpu
 from pipeline import steps
 
 NUM_CLASSES, SIZE, BATCH = 10, 32, 4
 
 
-def _xla_on_cpu():
-  """False in the TPU build (tensorflow-tpu 2.20), which links no XLA CPU
-  backend: "could not find registered transfer manager for platform Host"."""
-  try:
-    tf.function(lambda x: x, jit_compile=True).experimental_get_compiler_ir(
-        tf.zeros(1))(stage='hlo')
-    return True
-  except ValueError as e:
-    if 'transfer manager' in str(e):
-      return False
-    raise
-
-
 pytestmark = pytest.mark.skipif(
-    not _xla_on_cpu(), reason='this TensorFlow build has no XLA CPU backend '
+    not xla_on_cpu(), reason='this TensorFlow build has no XLA CPU backend '
     '(tensorflow-tpu); the main environment runs the check')
 
 
