@@ -6,7 +6,8 @@
   a file       local or gs://: weights of the same headless network, such as
                Keras' own efficientnetb0_notop.h5 fetched by hand;
   a workdir    another run of launch.train (local or gs://): its newest
-               committed checkpoint, its moving average if it kept one.
+               committed checkpoint, its moving average if it kept one; a
+               run trained on JAX too (its Keras files).
 The head is always new: this run's classes. Only a run that starts at step
 0 loads them; a resumed run restores its own checkpoint instead.
 
@@ -18,9 +19,11 @@ trains (trainer.Trainer.train).
 import os
 import re
 import tempfile
+import types
 
 import tensorflow as tf
 
+from pipeline import checkpoint_keras
 from pipeline import ema as ema_lib
 from pipeline import models
 from pipeline import storage
@@ -149,9 +152,18 @@ def _from_run(config, url, target, staging_dir):
                               config.image_size)
   average = (ema_lib.MovingAverage(source, theirs.ema_decay)
              if theirs.ema_decay else None)
-  trackables = dict(model=source, **({'ema': average.trackable}
-                                     if average else {}))
-  checkpointer = Checkpointer(workdir, 1, is_chief=False, **trackables)
+  if saved['resolved'].get('backend') == 'jax':
+    # A JAX run's Keras files, read as launch.evaluate reads them.
+    reads = types.SimpleNamespace(model=source, ema=average,
+                                  step=tf.Variable(0, dtype=tf.int64))
+    checkpointer = Checkpointer(
+        workdir, 1, is_chief=False,
+        files=lambda directory, keep: checkpoint_keras.TensorFlowReader(
+            reads, directory, keep))
+  else:
+    checkpointer = Checkpointer(workdir, 1, is_chief=False, model=source,
+                                **({'ema': average.trackable}
+                                   if average else {}))
   step = checkpointer.restore_latest()
   if step is None:
     raise UserError(f'init_from={url!r} has no committed checkpoint yet')

@@ -106,7 +106,7 @@ def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
   assert 'Backend: tensorflow' in evaluated.stderr
 
 
-def test_a_bfloat16_jax_run_profiles_exports_and_its_export_predicts(
+def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
     tfds_dir, tmp_path):
   workdir = tmp_path / 'run'
   result = run_train(*_args(workdir, tfds_dir, '--config.ema_decay=0',
@@ -134,6 +134,12 @@ def test_a_bfloat16_jax_run_profiles_exports_and_its_export_predicts(
         timeout=300, check=False)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     assert predicted.stdout.count('.png') == 3, predicted.stdout
+  # A TensorFlow run fine-tunes from it (its Keras files read by TF).
+  tuned = run_train(*_args(tmp_path / 'tuned', tfds_dir, devices=1)[1:],
+                    '--backend=tensorflow', f'--config.init_from={workdir}',
+                    '--config.examples_per_epoch=64')
+  assert tuned.returncode == 0, tuned.stderr[-3000:]
+  assert f'backbone from step 10 of the run in {workdir}' in tuned.stderr
 
 
 def test_a_tensorflow_run_is_evaluated_on_jax_and_resumes_on_tensorflow_only(
