@@ -38,6 +38,7 @@ JAX_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
 _NVIDIA_GPUS = '/proc/driver/nvidia/gpus/*/information'
 # XlaSerializedCacheEntry's fields: key, hlo_module, executable.
 _ENTRY_FIELDS = {1, 2, 3}
+_OFF_ON_A_CPU = 'off on a CPU unless --config.compile_cache_dir=DIR'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +103,7 @@ def choose(setting, backend_name, environ, gpus, accelerator, versions):
     if environ.get(JAX_VARIABLE):
       return Settings(setting, environ[JAX_VARIABLE], f'your {JAX_VARIABLE}')
     if not setting and not accelerator:
-      return Settings(setting, None, 'CPU: compiles are short; '
-                      '--config.compile_cache_dir=DIR to keep them')
+      return Settings(setting, None, _OFF_ON_A_CPU)
     folder = os.path.expanduser(setting) or os.path.join(
         root(), slug(versions))
     # JAX keys its entries by device and software itself.
@@ -115,8 +115,7 @@ def choose(setting, backend_name, environ, gpus, accelerator, versions):
     return Settings(setting, mine.group(1) if mine else None,
                     'your TF_XLA_FLAGS')
   if not setting and not gpus:
-    return Settings(setting, None, 'no GPU: on a CPU XLA is off by default; '
-                    '--config.compile_cache_dir=DIR to keep compiles')
+    return Settings(setting, None, _OFF_ON_A_CPU)
   folder = os.path.expanduser(setting) or os.path.join(
       root(), slug(versions), slug('+'.join(gpus)))
   environment = {'TF_XLA_FLAGS': f'{tf_flags} {TF_FLAG}={folder}'.strip()}
@@ -161,8 +160,11 @@ def prepare(setting, environ=None, gpus=None, software=None):
     if problem:
       settings = Settings(settings.setting, None, problem)
     else:
-      set_aside_damaged(settings.directory)
       environ.update(settings.environment)
+  if settings.directory and name == 'tensorflow':
+    # A folder the user named through TF_XLA_FLAGS too. (JAX passes over
+    # an entry it cannot read by itself.)
+    set_aside_damaged(settings.directory)
   _chosen[:] = [settings]
   return settings
 
