@@ -6,8 +6,8 @@
   a file       local or gs://: weights of the same headless network, such as
                Keras' own efficientnetb0_notop.h5 fetched by hand;
   a workdir    another run of launch.train (local or gs://): its newest
-               committed checkpoint, its moving average if it kept one; a
-               run trained on JAX too (its Keras files).
+               committed checkpoint, its moving average if it kept one;
+               trained on either backend, read on either.
 The head is always new: this run's classes. Only a run that starts at step
 0 loads them; a resumed run restores its own checkpoint instead.
 
@@ -21,6 +21,7 @@ import re
 import tempfile
 import types
 
+import keras
 import tensorflow as tf
 
 from pipeline import checkpoint_keras
@@ -64,13 +65,6 @@ def _source_run(config, url, staging_dir):
                     f'{config.model}; set --config.model={theirs} or start '
                     'from another run')
   return workdir, saved
-
-
-def names_a_run(init_from):
-  """Whether `init_from` names another run's workdir (not imagenet, not a
-  weights file)."""
-  return bool(init_from) and init_from != 'imagenet' and not (
-      _WEIGHTS_FILE.search(init_from))
 
 
 def describe(init_from):
@@ -150,30 +144,53 @@ def _from_run(config, url, target, staging_dir):
   source = models.build_model(theirs.model,
                               saved['resolved']['num_classes'],
                               config.image_size)
-  average = (ema_lib.MovingAverage(source, theirs.ema_decay)
-             if theirs.ema_decay else None)
-  if saved['resolved'].get('backend') == 'jax':
-    # A JAX run's Keras files, read as launch.evaluate reads them.
-    reads = types.SimpleNamespace(model=source, ema=average,
-                                  step=tf.Variable(0, dtype=tf.int64))
-    checkpointer = Checkpointer(
-        workdir, 1, is_chief=False,
-        files=lambda directory, keep: checkpoint_keras.TensorFlowReader(
-            reads, directory, keep))
-  else:
-    checkpointer = Checkpointer(workdir, 1, is_chief=False, model=source,
-                                **({'ema': average.trackable}
-                                   if average else {}))
+  trained_on = saved['resolved'].get('backend', 'tensorflow')
+  checkpointer, averages = _reader(workdir, source, theirs.ema_decay,
+                                   trained_on)
   step = checkpointer.restore_latest()
   if step is None:
     raise UserError(f'init_from={url!r} has no committed checkpoint yet')
-  if average:
-    with average.applied_to_model():
-      target.set_weights(models.backbone(source).get_weights())
-  else:
-    target.set_weights(models.backbone(source).get_weights())
+  if averages:  # Their moving average is what their run exported.
+    for weight, average in zip(_averaged(source), averages()):
+      weight.assign(average)
+  target.set_weights(models.backbone(source).get_weights())
   return (f'backbone from step {step} of the run in {url}'
-          + (' (its moving average)' if average else ''))
+          + (' (its moving average)' if averages else ''))
+
+
+def _averaged(model):
+  """The weights a moving average covers, in its order (ema.py)."""
+  return [w for w in model.weights if w.dtype == 'float32']
+
+
+def _reader(workdir, source, ema_decay, trained_on):
+  """A read-only Checkpointer of another run's checkpoints into `source`
+  on this process's backend, from the files of the backend it trained on;
+  and a function giving its moving average's values (None: it kept none)."""
+  if trained_on == 'tensorflow' and keras.backend.backend() == 'tensorflow':
+    average = ema_lib.MovingAverage(source, ema_decay) if ema_decay else None
+    checkpointer = Checkpointer(workdir, 1, is_chief=False, model=source,
+                                **({'ema': average.trackable}
+                                   if average else {}))
+    return checkpointer, ((lambda: [v.numpy() for v in average.averages.values])
+                          if average else None)
+  step = checkpoint_keras.Variables('step', shapes=[()], dtype='int32')
+  ema = (checkpoint_keras.Variables('ema', like=_averaged(source))
+         if ema_decay else None)
+  if trained_on == 'jax':  # Keras files, read on either backend.
+    parts = dict(model=source, step=step, **({'ema': ema} if ema else {}))
+    files = lambda directory, keep: checkpoint_keras.KerasFiles(
+        parts, directory, keep)
+  else:  # TensorFlow's files, read on JAX as launch.evaluate reads them.
+    from pipeline import trainer_jax  # pylint: disable=g-import-not-at-top
+    reads = types.SimpleNamespace(
+        model=source, step_variables=step, read_back=lambda: None,
+        ema=types.SimpleNamespace(variables=ema) if ema else None)
+    files = lambda directory, keep: trainer_jax.TensorFlowRunFiles(
+        reads, directory, keep)
+  checkpointer = Checkpointer(workdir, 1, is_chief=False, files=files)
+  return checkpointer, ((lambda: [keras.ops.convert_to_numpy(v)
+                                  for v in ema.values]) if ema else None)
 
 
 def frozen_steps(config, steps_per_epoch):

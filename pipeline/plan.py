@@ -270,11 +270,6 @@ def _check_jax(config, frozen_steps):
         'Keras 3.15 writes LiteRT from TensorFlow or PyTorch only, and the '
         "LiteRT converter rejects the JAX export's random-generator state; "
         "set --config.export_tflite='' (the SavedModel is still exported)")
-  if finetune.names_a_run(config.init_from):
-    raise UserError(
-        f'init_from={config.init_from!r}: starting from another run\'s '
-        'checkpoint runs on --backend=tensorflow only so far; on JAX start '
-        "from imagenet or a .h5 weights file of the model's headless network")
   if frozen_steps:
     raise UserError(
         'a frozen backbone (init_from with freeze_backbone_epochs) trains '

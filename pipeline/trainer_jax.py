@@ -173,7 +173,7 @@ class Trainer:
     `io_device` is a TPU Node's, which JAX never drives."""
     del io_device
     if not keras_format:
-      return _TensorFlowRunFiles(self, directory, max_to_keep)
+      return TensorFlowRunFiles(self, directory, max_to_keep)
     return _StateFiles(self, directory, max_to_keep)
 
   @contextlib.contextmanager
@@ -229,7 +229,7 @@ class _StateFiles(checkpoint_keras.KerasFiles):
     return missing
 
 
-class _TensorFlowRunFiles:
+class TensorFlowRunFiles:
   """A TensorFlow run's checkpoints read by the JAX trainer (launch.evaluate
   on a JAX machine): the model, the step and the moving average.
 
