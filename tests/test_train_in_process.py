@@ -4,11 +4,11 @@ As the Flax ImageNet example's train_test.py does: no launcher, no child
 process; the plan is resolved from a config and a Request, the run trains,
 checkpoints, evaluates and exports, and the returned metrics are checked.
 A periodic action plugged in from outside sees every execution, and injects
-a fault once: the run rolls back to its newest checkpoint and finishes. Then
-the same workdir resumes at a learning rate that really overflows float32:
-every execution diverges, and after N recoveries the run stops in one line.
-(One test, one workdir: each train_and_evaluate builds and traces B0 anew.)
-A second test trains long enough to learn, and asserts that it did.
+a fault once: the run rolls back to its newest checkpoint and finishes. In
+the slow tier, a run resumed at a learning rate that really overflows
+float32 diverges at every execution and stops in one line after N
+recoveries (each train_and_evaluate builds and traces B0 anew). A third
+test trains long enough to learn, and asserts that it did.
 """
 
 import glob
@@ -76,7 +76,7 @@ def _plan(config, workdir):
   return plan_lib.resolve(config, plan_lib.Request(workdir=workdir), hardware)
 
 
-def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
+def test_train_and_evaluate_in_process_rolls_back_once(tmp_path, tfds_dir):
   workdir = str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=2, keep_best_metric='eval_accuracy',
                    export_tflite='float16', profile_steps='2,4')
@@ -150,16 +150,26 @@ def test_train_and_evaluate_in_process_and_divergence(tmp_path, tfds_dir):
   assert run['resolved']['steps_per_epoch'] == 4
   assert storage.read_json(os.path.join(workdir, 'metrics.json')) == metrics
 
-  # One more epoch at a learning rate that overflows float32: every
-  # execution diverges; after 2 recoveries the run stops in one line.
+
+# Two whole runs in one workdir (about 3 minutes here): the slow tier keeps
+# the fast suite short; the fast suite's run above rolls back once.
+@pytest.mark.slow
+def test_a_run_that_keeps_diverging_stops_after_n_recoveries(tmp_path,
+                                                             tfds_dir):
+  """A finished run resumed for one more epoch at a learning rate that
+  really overflows float32: every execution diverges; after 2 recoveries
+  the run stops in one line, its last checkpoint untouched."""
+  workdir = str(tmp_path / 'run')
+  config = _config(tfds_dir, epochs=2)
+  train.train_and_evaluate(config, _plan(config, workdir))
   config = _config(tfds_dir, epochs=3, base_learning_rate=1e35)
-  executions.clear()
+  executions = []
   with pytest.raises(UserError, match=r'training diverged at step 10 \(loss '
                      r'nan\) after 2 recoveries \(recovery_max_trials=2\)'):
     train.train_and_evaluate(config, _plan(config, workdir),
                              extra_actions=[executions.append])
   assert [(e.first_step, e.step) for e in executions] == [(8, 10)] * 3
-  state = tf.train.get_checkpoint_state(checkpoints)
+  state = tf.train.get_checkpoint_state(os.path.join(workdir, 'checkpoints'))
   assert state.model_checkpoint_path.endswith('ckpt-8')
 
 
