@@ -71,6 +71,15 @@ def xla_on_cpu():
     raise
 
 
+def pytest_collection_modifyitems(config, items):
+  """Under CI's time budget, starts the slow tier at a different test each
+  day, so the cases the budget leaves out one day run on another."""
+  del config
+  if os.environ.get('PIPELINE_TEST_DEADLINE') and items:
+    start = time.gmtime().tm_yday % len(items)
+    items[:] = items[start:] + items[:start]
+
+
 def pytest_runtest_setup(item):
   """Skips what would start after CI's time budget (PIPELINE_TEST_DEADLINE).
 
