@@ -42,10 +42,12 @@ def run_config(url, staging_dir, overrides):
     raise UserError(f'{url} holds no run (no run.json); pass the --workdir '
                     'of a run of launch.train')
   # A run.json from before a key existed gets that key's default. Where
-  # this machine keeps compiled programs is this command's, not the run's.
-  config = validation.complete(
-      dict(saved['config'], **dict({'compile_cache_dir': ''}, **overrides)),
-      source=f'{url}/run.json')
+  # this machine keeps compiled programs is this command's, not the run's:
+  # configs/default.py's, unless given here.
+  theirs = {key: value for key, value in saved['config'].items()
+            if key != 'compile_cache_dir'}
+  config = validation.complete(dict(theirs, **overrides),
+                               source=f'{url}/run.json')
   resolved = saved['resolved']
   return config, resolved['policy'], resolved.get('backend', 'tensorflow')
 
