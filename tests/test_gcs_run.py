@@ -52,11 +52,11 @@ def _metrics(emulator, prefix):
   return json.loads(blob.download_as_bytes())
 
 
-def _args(prefix, staging, tfds_dir):
-  # A killed run's lease lapses in 8 s (120 s by default).
+def _args(prefix, staging, tfds_dir, lease_s=8):
+  # A killed run's lease lapses in lease_s (120 s by default).
   return tiny_args(f'gs://runs/{prefix}', tfds_dir, f'--staging_dir={staging}',
                    '--config.epochs=4', '--config.checkpoint_every_steps=8',
-                   '--workdir_lease_s=8')
+                   f'--workdir_lease_s={lease_s}')
 
 
 # Three processes, two of them training (2 min in CI): the slow tier keeps
@@ -65,7 +65,11 @@ def _args(prefix, staging, tfds_dir):
 @pytest.mark.slow
 def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
     emulator, tfds_dir, tmp_path):
-  process = _start(_args('fresh', tmp_path / 'machine-a', tfds_dir), emulator)
+  # 40 s, not 8: machine-b imports TensorFlow and plans before it looks at
+  # the lease, which took over 8 s on a busy CI machine; the lease must still
+  # be live then for the wait to be what this test sees.
+  process = _start(_args('fresh', tmp_path / 'machine-a', tfds_dir, 40),
+                   emulator)
   try:
     _wait_for_commit(process, emulator, 'fresh')
     while 'fresh/run.log' not in emulator.names('runs', 'fresh/'):
@@ -77,7 +81,7 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
   committed = _committed_steps(emulator, 'fresh')[-1]
 
   # Another machine: an empty staging directory, the same command.
-  result = run_train(*_args('fresh', tmp_path / 'machine-b', tfds_dir),
+  result = run_train(*_args('fresh', tmp_path / 'machine-b', tfds_dir, 40),
                      env=_env(emulator))
   assert result.returncode == 0, result.stderr[-3000:]
   # The killed machine's lease was fresh: machine-b waited for it to lapse
