@@ -55,6 +55,8 @@ class Trainer:
   ema: Optional['MovingAverage'] = None
   step_variables: checkpoint_keras.Variables = None
   slots: int = 1  # Steps one program call can run: steps_per_execution.
+  frozen_steps: int = 0  # Fine-tuning: the first steps train the head alone,
+  frozen_program: object = None  # in this program.
 
   # --- what train_and_evaluate, the actions and the evaluator read ---
 
@@ -85,8 +87,12 @@ class Trainer:
     Batches are stacked to steps_per_execution slots whatever `num_steps`
     is (unused ones zeros, never run), so a short last execution reuses
     the one compiled program instead of compiling another (a minute for
-    B0 on a CPU).
+    B0 on a CPU). Before `frozen_steps` the frozen-backbone program runs;
+    the loop never lets an execution cross that step.
     """
+    program = self.train_program
+    if self.frozen_steps and int(self.step.numpy()) < self.frozen_steps:
+      program = self.frozen_program
     start = time.perf_counter()
     with self._errors_in_one_line():  # The input checks the labels.
       batches = [next(iterator) for _ in range(num_steps)]
@@ -97,8 +103,8 @@ class Trainer:
                                     a.dtype)]) for a in stacked[:2]]
     images, labels = self.strategy.to_devices([images, labels], stacked=True)
     with self._errors_in_one_line():
-      self.state, outputs = self.train_program(self.state, images, labels,
-                                               np.int32(num_steps))
+      self.state, outputs = program(self.state, images, labels,
+                                    np.int32(num_steps))
       outputs = _on_host(outputs)
     return {'loss': float(outputs['loss']),
             'accuracy': float(outputs['accuracy']),
@@ -408,29 +414,91 @@ def build(config, plan):
       eval_program(model, num_classes, strategy),
       num_classes, config.label_offset,
       trainer_lib.out_of_memory_message(config, plan), ema=ema,
-      step_variables=step_variables, slots=plan.steps_per_execution)
+      step_variables=step_variables, slots=plan.steps_per_execution,
+      frozen_steps=plan.frozen_steps,
+      frozen_program=(train_program(model, optimizer, config, num_classes,
+                                    strategy, ema, frozen=True)
+                      if plan.frozen_steps else None))
   if ema:
     ema.trainer = trainer
   return trainer
 
 
-def train_program(model, optimizer, config, num_classes, strategy, ema):
+class _Phase:
+  """What a train program trains. The state always holds the model's
+  variables as built (all trainable); with the backbone `frozen` (the first
+  phase of fine-tuning) its weights are passed to Keras among the
+  non-trainable ones, so they get no gradient and its batch norm runs in
+  inference mode, as on TensorFlow (trainer.py sets `trainable` alike)."""
+
+  def __init__(self, model, frozen):
+    self.model, self.frozen = model, frozen
+    self.all_trainable = model.trainable_variables
+    built = self.all_trainable + model.non_trainable_variables
+    self.place = {id(v): i for i, v in enumerate(built)}
+    with self.applied():
+      self.trainable = model.trainable_variables
+      self.non_trainable = model.non_trainable_variables
+
+  @contextlib.contextmanager
+  def applied(self):
+    """The model as this phase calls it (read when a program is traced)."""
+    backbone = models.backbone(self.model) if self.frozen else None
+    if backbone:
+      backbone.trainable = False
+    try:
+      yield
+    finally:
+      if backbone:
+        backbone.trainable = True
+
+  def split(self, state):
+    """The state's values as this phase's (trainable, non_trainable)."""
+    values = state['trainable'] + state['non_trainable']
+    return ([values[self.place[id(v)]] for v in self.trainable],
+            [values[self.place[id(v)]] for v in self.non_trainable])
+
+  def merge(self, state, trainable, non_trainable):
+    """The state's (trainable, non_trainable) with this phase's values."""
+    values = list(state['trainable'] + state['non_trainable'])
+    for variable, value in zip(self.trainable + self.non_trainable,
+                               trainable + non_trainable):
+      values[self.place[id(variable)]] = value
+    return values[:len(self.all_trainable)], values[len(self.all_trainable):]
+
+  def apply(self, optimizer, optimizer_state, trainable, grads):
+    """optimizer.stateless_apply for this phase's variables only: a frozen
+    backbone's weights and optimizer slots are left as they are (Keras'
+    stateless_apply takes gradients for every variable it was built with,
+    and a zero gradient would still move a weight under weight decay)."""
+    mapping = (list(zip(self.all_trainable, trainable)) +
+               list(zip(optimizer.variables, optimizer_state)))
+    with keras.StatelessScope(state_mapping=mapping) as scope:
+      optimizer.apply(grads, self.trainable)
+    return ([scope.get_current_value(v) for v in self.all_trainable],
+            [scope.get_current_value(v) for v in optimizer.variables])
+
+
+def train_program(model, optimizer, config, num_classes, strategy, ema,
+                  frozen=False):
   """The jitted program: state, images [slots, batch, ...], labels, steps
   -> (state, outputs). One fori_loop on the device over the first `steps`
-  slots; gradient accumulation a scan over micro-batches inside a step."""
+  slots; gradient accumulation a scan over micro-batches inside a step.
+  `frozen`: the backbone stays as it is (_Phase)."""
   loss_fn = keras.losses.CategoricalCrossentropy(
       from_logits=True, label_smoothing=config.label_smoothing,
       reduction=None)
   accumulation = config.gradient_accumulation_steps
   l2 = config.l2_weight_decay
-  decayed = [not v.path.endswith(('gamma', 'beta'))
-             for v in model.trainable_variables]
+  phase = _Phase(model, frozen)
+  decayed = [not v.path.endswith(('gamma', 'beta')) for v in phase.trainable]
   iterations = [id(v) for v in optimizer.variables].index(
       id(optimizer.iterations))
 
   def loss_of(trainable, non_trainable, images, targets):
-    logits, non_trainable = model.stateless_call(
-        trainable, non_trainable, images, training=True)
+    with phase.applied():
+      logits, non_trainable = model.stateless_call(
+          trainable, non_trainable, images, training=True)
     loss = jnp.mean(loss_fn(targets, logits))
     if l2:  # tensorflow/tpu's L2 on the non-batch-norm weights.
       loss += l2 * sum(jnp.sum(jnp.square(w.astype(jnp.float32))) / 2
@@ -446,21 +514,23 @@ def train_program(model, optimizer, config, num_classes, strategy, ema):
                jax.nn.one_hot(labels, num_classes, dtype=jnp.float32))
     micro = lambda t: t.reshape(accumulation, -1, *t.shape[1:])
 
+    trained, non_trainable = phase.split(state)
+
     def add(carry, part):
       non_trainable, grads, loss, correct = carry
       (part_loss, (non_trainable, part_correct)), part_grads = gradient(
-          state['trainable'], non_trainable, *part)
+          trained, non_trainable, *part)
       grads = jax.tree.map(lambda a, b: a + b / accumulation, grads,
                            part_grads)
       return (non_trainable, grads, loss + part_loss / accumulation,
               correct + part_correct), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state['trainable'])
+    zeros = jax.tree.map(jnp.zeros_like, trained)
     (non_trainable, grads, loss, correct), _ = jax.lax.scan(
-        add, (state['non_trainable'], zeros, 0.0, 0),
-        (micro(images), micro(targets)))
-    trainable, optimizer_state = optimizer.stateless_apply(
-        state['optimizer'], grads, state['trainable'])
+        add, (non_trainable, zeros, 0.0, 0), (micro(images), micro(targets)))
+    trainable, non_trainable = phase.merge(state, trained, non_trainable)
+    trainable, optimizer_state = phase.apply(
+        optimizer, state['optimizer'], trainable, grads)
     state = dict(state, trainable=trainable, non_trainable=non_trainable,
                  optimizer=optimizer_state, step=state['step'] + 1)
     if ema:

@@ -121,3 +121,52 @@ def test_the_moving_average_warms_up_as_the_tensorflow_one():
   decay = min(0.99, 2 / 11)  # (1 + n) / (10 + n) after the first update.
   expected = decay * start + (1 - decay) * np.asarray(state['trainable'][0])
   np.testing.assert_allclose(state['ema'][0], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
+  """Fine-tuning's first phase: the backbone's weights, batch-norm
+  statistics and optimizer slots stay as they were (weight decay included,
+  which a zero gradient would not stop) while the head learns; the other
+  program then trains both."""
+  keras.utils.set_random_seed(0)
+  inputs = keras.Input((4,))
+  backbone = keras.Model(inputs, keras.layers.BatchNormalization(name='bn')(
+      keras.layers.Dense(4, name='stem')(inputs)), name='backbone')
+  model = keras.Model(inputs, keras.layers.Dense(CLASSES, name='head')(
+      backbone(inputs)))
+  optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.5)
+  optimizer.build(model.trainable_variables)
+  strategy = devices_jax.DataParallel(jax.devices())
+  step = trainer_jax.checkpoint_keras.Variables('step', shapes=[()],
+                                                dtype='int32')
+  state = trainer_jax._state_of(model, optimizer, step, None, strategy)  # pylint: disable=protected-access
+  frozen, thawed = [trainer_jax.train_program(
+      model, optimizer, _config(), CLASSES, strategy, None, frozen=phase)
+                    for phase in (True, False)]
+  assert all(v.trainable for v in model.weights if 'moving' not in v.path)
+
+  variables = model.trainable_variables + model.non_trainable_variables
+  in_backbone = [v.path.startswith(('stem', 'bn')) for v in variables]
+  slot_in_backbone = [v.path.split('/')[-1].startswith(('stem', 'bn'))
+                      for v in optimizer.variables]
+  assert sum(in_backbone) == 6 and sum(slot_in_backbone) == 8  # 4 x m, v.
+
+  def values(state):
+    return ([np.asarray(x) for x in state['trainable'] +
+             state['non_trainable']],
+            [np.asarray(x) for x in state['optimizer']])
+
+  before, slots_before = values(state)
+  state, _ = _run(frozen, strategy, state, *_batches(2), 2)
+  after, slots_after = values(state)
+  for was, now, kept in zip(before, after, in_backbone):
+    assert np.array_equal(was, now) == kept
+  for was, now, kept in zip(slots_before, slots_after, slot_in_backbone):
+    if kept:
+      assert np.array_equal(was, now)
+  assert int(state['step']) == 2 and int(state['optimizer'][0]) == 2
+
+  state, _ = _run(thawed, strategy, state, *_batches(1, seed=1), 1)
+  thawed_values, _ = values(state)
+  assert not any(np.array_equal(was, now)
+                 for was, now in zip(after, thawed_values))
