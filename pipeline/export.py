@@ -1,9 +1,12 @@
 """The exported model: uint8 images in, float32 class probabilities out."""
 
 import os
+import subprocess
+import sys
 import tempfile
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from pipeline import decode
@@ -24,6 +27,31 @@ def write_tflite(model, metadata, path, kind):
   weights in float16 (half the size; computes in float32 where the device
   has no float16). Keras' own LiteRT export does the conversion.
   """
+  if keras.backend.backend() != 'tensorflow':
+    _write_tflite_on_tensorflow(model.get_weights(), metadata, path, kind)
+    return
+  _convert(model.get_weights(), metadata, path, kind)
+
+
+def _write_tflite_on_tensorflow(weights, metadata, path, kind):
+  """write_tflite from Keras' JAX backend: Keras 3.15 writes LiteRT from
+  TensorFlow or PyTorch only, and the converter rejects the JAX SavedModel's
+  random-generator state (uint32). Keras fixes its backend per process, and
+  the JAX environment has TensorFlow's CPU build, so a child process on the
+  TensorFlow backend converts the same weights."""
+  with tempfile.TemporaryDirectory() as folder:
+    np.savez(os.path.join(folder, 'weights.npz'), *weights)
+    storage.write_json(os.path.join(folder, METADATA), metadata)
+    child = subprocess.run(
+        [sys.executable, '-m', 'pipeline.export', folder, path, kind],
+        env=dict(os.environ, KERAS_BACKEND='tensorflow'),
+        capture_output=True, text=True, check=False)
+  if child.returncode:
+    raise RuntimeError('the LiteRT conversion on TensorFlow failed: ' +
+                       (child.stderr.strip() or 'no output')[-2000:])
+
+
+def _convert(weights, metadata, path, kind):
   policy = keras.mixed_precision.global_policy()
   keras.mixed_precision.set_global_policy('float32')
   try:
@@ -32,7 +60,7 @@ def write_tflite(model, metadata, path, kind):
         metadata['preprocessing']['image_size']))
   finally:
     keras.mixed_precision.set_global_policy(policy)
-  rebuilt.set_weights(model.get_weights())
+  rebuilt.set_weights(weights)
   options = {} if kind == 'float32' else {
       'optimizations': [tf.lite.Optimize.DEFAULT],
       'target_spec': {'supported_types': [tf.float16]}}
@@ -85,3 +113,15 @@ def metadata(config, plan):
       'output': 'float32 class probabilities [batch, num_classes]',
       'preprocessing': decode.eval_preprocessing(config),
   }
+
+
+def _main(folder, path, kind):
+  """_write_tflite_on_tensorflow's child: converts the weights in `folder`."""
+  with np.load(os.path.join(folder, 'weights.npz')) as saved:
+    weights = [saved[f'arr_{i}'] for i in range(len(saved.files))]
+  _convert(weights, storage.read_json(os.path.join(folder, METADATA)), path,
+           kind)
+
+
+if __name__ == '__main__':
+  _main(*sys.argv[1:])

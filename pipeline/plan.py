@@ -219,8 +219,6 @@ def resolve(config, request, hardware=None):
   steps_per_epoch = epoch_steps(config.examples_per_epoch,
                                 source.num_train_examples,
                                 config.global_batch_size)
-  if backend == 'jax':
-    _check_jax(config, finetune.frozen_steps(config, steps_per_epoch))
   plan = Plan(
       hardware=hardware, precision=resolved_precision, xla=xla,
       xla_reason=xla_reason, steps_per_execution=steps_per_execution,
@@ -260,21 +258,6 @@ def _compile_cache(config):
         f'on the command line, --config.compile_cache_dir='
         f'{config.compile_cache_dir}')
   return settings
-
-
-def _check_jax(config, frozen_steps):
-  """What the JAX path does not do (yet): one line before anything runs."""
-  if config.export_tflite:
-    raise UserError(
-        f'export_tflite={config.export_tflite} needs --backend=tensorflow: '
-        'Keras 3.15 writes LiteRT from TensorFlow or PyTorch only, and the '
-        "LiteRT converter rejects the JAX export's random-generator state; "
-        "set --config.export_tflite='' (the SavedModel is still exported)")
-  if frozen_steps:
-    raise UserError(
-        'a frozen backbone (init_from with freeze_backbone_epochs) trains '
-        'on --backend=tensorflow only so far; set '
-        '--config.freeze_backbone_epochs=0 or use --backend=tensorflow')
 
 
 def _open_workdir(config, request, hardware, backend):

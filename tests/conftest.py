@@ -106,6 +106,32 @@ def tree_digest(root):
   return digest.hexdigest()
 
 
+def check_tflite_agrees_with_the_saved_model(export_dir, atol):
+  """The LiteRT interpreter on model.tflite against the SavedModel on the
+  same uint8 images: probabilities within `atol` (float32 LiteRT weights
+  against a float32 SavedModel agree to rounding; float16 weights or a
+  bfloat16 SavedModel, to their precision)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
+  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  images = np.random.RandomState(1).randint(0, 256, (4, 32, 32, 3)).astype(
+      np.uint8)
+  saved_model = tf.saved_model.load(export_dir)  # Held: it owns the weights.
+  expected = saved_model.serve(images).numpy()
+  interpreter = Interpreter(model_path=os.path.join(export_dir, 'model.tflite'))
+  interpreter.allocate_tensors()
+  source, target = (interpreter.get_input_details()[0],
+                    interpreter.get_output_details()[0])
+  assert source['dtype'] == np.uint8 and target['dtype'] == np.float32
+  for image, probabilities in zip(images, expected):
+    interpreter.set_tensor(source['index'], image[None])
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(target['index'])[0],
+                               probabilities, atol=atol)
+  assert storage.read_json(os.path.join(export_dir, 'metadata.json'))[
+      'tflite'] == 'model.tflite'
+
+
 class Emulator:
   """A real GCS server (gcp-storage-emulator) on a free loopback port.
 

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from conftest import REPO
+from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import run_module
 from conftest import run_train
 
@@ -111,7 +112,8 @@ def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
   workdir = tmp_path / 'run'
   result = run_train(*_args(workdir, tfds_dir, '--config.ema_decay=0',
                             '--policy=mixed_bfloat16',
-                            '--config.profile_steps=4,8'))
+                            '--config.profile_steps=4,8',
+                            '--config.export_tflite=float16'))
   assert result.returncode == 0, result.stderr[-3000:]
   # JAX's profiler traced steps 4 to 8 into TensorBoard's Profile tab.
   assert 'Profiled steps 4 to 8' in result.stderr
@@ -122,6 +124,10 @@ def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
   assert 0 < metrics['eval_loss'] < 10  # bfloat16 did not overflow.
   metadata = json.loads((workdir / 'export' / 'metadata.json').read_text())
   assert metadata['class_names'][:2] == ['0', '1']
+  # The LiteRT model, converted on TensorFlow from the same weights, agrees
+  # with the bfloat16 SavedModel to bfloat16's precision.
+  check_tflite_agrees_with_the_saved_model(str(workdir / 'export'),
+                                           atol=2e-2)
   images = tmp_path / 'digits'
   images.mkdir()
   from PIL import Image  # pylint: disable=g-import-not-at-top
@@ -167,21 +173,22 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
       f"error: workdir '{workdir}' holds a run trained on tensorflow, which "
       'resumes there only: --backend=tensorflow, or another --workdir')
   # A JAX run fine-tunes from it (its moving average, read through the
-  # checkpoint's object graph).
+  # checkpoint's object graph), the backbone frozen for its first step (the
+  # frozen program's arithmetic: test_trainer_jax.py).
   tuned = run_train(*_args(tmp_path / 'tuned', tfds_dir),
                     f'--config.init_from={workdir}',
-                    '--config.examples_per_epoch=64')
+                    '--config.examples_per_epoch=64',
+                    '--config.freeze_backbone_epochs=0.5')
   assert tuned.returncode == 0, tuned.stderr[-3000:]
   assert (f'backbone from step 10 of the run in {workdir} (its moving '
           'average)') in tuned.stderr
+  assert 'backbone frozen for the first 1 steps' in tuned.stderr
 
 
 @pytest.mark.parametrize('flags, message', [
     (['--policy=mixed_float16'], '--policy=mixed_float16 runs on '
      '--backend=tensorflow only'),
     (['--xla=off'], '--xla=off: JAX compiles every program with XLA'),
-    (['--config.export_tflite=float16'], 'export_tflite=float16 needs '
-     '--backend=tensorflow'),
     (['--backend=auto', '--tpu=local'], '--tpu=local: JAX finds no TPU on '
      'this host'),
 ])
