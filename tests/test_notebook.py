@@ -19,9 +19,12 @@ from conftest import REPO
 
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'train_on_colab.ipynb')
 ON_JAX = os.environ.get('KERAS_BACKEND') == 'jax'
+# On JAX this is the Colab TPU route itself, so CI's JAX tier runs it every
+# time; on TensorFlow (GPUs), the slow tier.
+_TIER = (lambda test: test) if ON_JAX else pytest.mark.slow
 
 
-@pytest.mark.slow
+@_TIER
 def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
   import papermill  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
