@@ -14,6 +14,7 @@ it to .venv/bin/python): the JAX run's checkpoint is then evaluated there.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -204,29 +205,58 @@ def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
             'installed (tensorflow-tpu); Keras runs on JAX)') in result.stderr
 
 
-def test_two_processes_on_loopback_train_as_two_hosts(tfds_dir, tmp_path):
+def test_two_hosts_stop_together_on_sigterm_to_one_and_resume(tfds_dir,
+                                                             tmp_path):
   """A pod slice's hosts, stood in for by two processes of one CPU device
-  each, joined by jax.distributed over loopback (gloo collectives)."""
-  port = _free_port()
+  each, joined by jax.distributed over loopback (gloo collectives). SIGTERM
+  to the second host stops both at one step (the stop flag is gathered at
+  every execution boundary), both exit resumably, and both restarted
+  finish the run with equal weights."""
   workdir = tmp_path / 'run'
-  processes = [subprocess.Popen(
-      [sys.executable, '-m', 'launch.train',
-       *_args(workdir, tfds_dir, '--config.ema_decay=0', devices=1)],
-      cwd=REPO, env=dict(os.environ, JAX_NUM_PROCESSES='2',
-                         JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
-                         JAX_PROCESS_ID=str(i)),
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
+
+  def start():
+    port = _free_port()
+    return [subprocess.Popen(
+        [sys.executable, '-m', 'launch.train',
+         *_args(workdir, tfds_dir, '--config.ema_decay=0', devices=1)],
+        cwd=REPO, env=dict(os.environ, JAX_NUM_PROCESSES='2',
+                           JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                           JAX_PROCESS_ID=str(i)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+  processes = start()
+  lines = []
+  while not any('First execution' in line for line in lines):
+    line = processes[1].stderr.readline()
+    assert line or processes[1].poll() is None, ''.join(lines)[-3000:]
+    lines.append(line)
+  processes[1].send_signal(signal.SIGTERM)
+  outputs = [p.communicate(timeout=600)[1] for p in processes]
+  outputs[1] = ''.join(lines) + outputs[1]
+  steps = []
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 143, output[-3000:]
+    assert 'with DataParallel, 2 replica(s) over 2 worker(s)' in output
+    found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)', output)
+    assert found, output[-3000:]
+    steps.append(int(found.group(1)))
+  assert steps[0] == steps[1] and 4 <= steps[0] < 10, steps
+  assert 'Another worker got SIGTERM' in outputs[0]
+
+  processes = start()
   outputs = [p.communicate(timeout=600)[1] for p in processes]
   for process, output in zip(processes, outputs):
     assert process.returncode == 0, output[-3000:]
-    assert 'with DataParallel, 2 replica(s) over 2 worker(s)' in output
+    assert f'Resuming at step {steps[0]} of 10' in output
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert (metrics['num_workers'], metrics['num_replicas']) == (2, 2)
+  assert metrics['initial_step'] == steps[0]
   digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
   assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
-  # Only the first host wrote: its log holds the run once.
-  assert (workdir / 'run.log').read_text().count('] Done: ') == 1
+  # Only the first host wrote: its log holds both starts, one end.
+  log = (workdir / 'run.log').read_text()
+  assert log.count('] Run: ') == 2 and log.count('] Done: ') == 1
 
 
 def _free_port():
