@@ -106,6 +106,20 @@ def tree_digest(root):
   return digest.hexdigest()
 
 
+def sigterm_once_it_prints(process, text):
+  """Reads `process`'s stderr until a line holds `text`, then sends it
+  SIGTERM (a preemption); returns what was read (the rest stays in the
+  pipe)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  lines = []
+  while not any(text in line for line in lines):
+    line = process.stderr.readline()
+    assert line or process.poll() is None, ''.join(lines)[-3000:]
+    lines.append(line)
+  process.send_signal(signal.SIGTERM)
+  return ''.join(lines)
+
+
 def check_tflite_agrees_with_the_saved_model(export_dir, atol):
   """The LiteRT interpreter on model.tflite against the SavedModel on the
   same uint8 images: probabilities within `atol` (float32 LiteRT weights

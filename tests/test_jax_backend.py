@@ -14,7 +14,6 @@ it to .venv/bin/python): the JAX run's checkpoint is then evaluated there.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from conftest import REPO
 from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import run_module
 from conftest import run_train
+from conftest import sigterm_once_it_prints
 
 pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
                     'environment (requirements-jax-test.txt)')
@@ -226,14 +226,9 @@ def test_two_hosts_stop_together_on_sigterm_to_one_and_resume(tfds_dir,
             for i in range(2)]
 
   processes = start()
-  lines = []
-  while not any('First execution' in line for line in lines):
-    line = processes[1].stderr.readline()
-    assert line or processes[1].poll() is None, ''.join(lines)[-3000:]
-    lines.append(line)
-  processes[1].send_signal(signal.SIGTERM)
+  head = sigterm_once_it_prints(processes[1], 'First execution')
   outputs = [p.communicate(timeout=600)[1] for p in processes]
-  outputs[1] = ''.join(lines) + outputs[1]
+  outputs[1] = head + outputs[1]
   steps = []
   for process, output in zip(processes, outputs):
     assert process.returncode == 143, output[-3000:]

@@ -8,7 +8,6 @@ together under MultiWorkerMirroredStrategy.
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_train, tiny_args
+from conftest import REPO, run_train, sigterm_once_it_prints, tiny_args
 from configs import default
 from pipeline import devices
 from pipeline import plan as plan_lib
@@ -304,14 +303,9 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path, tfds_dir):
             for i in range(2)]
 
   processes = start(epochs=40)
-  lines = []
-  while not any('First execution' in line for line in lines):
-    line = processes[1].stderr.readline()
-    assert line or processes[1].poll() is None, ''.join(lines)[-3000:]
-    lines.append(line)
-  processes[1].send_signal(signal.SIGTERM)
+  head = sigterm_once_it_prints(processes[1], 'First execution')
   outputs = [p.communicate(timeout=300)[1] for p in processes]
-  outputs[1] = ''.join(lines) + outputs[1]
+  outputs[1] = head + outputs[1]
   steps = []
   for process, output in zip(processes, outputs):
     assert process.returncode == 143, output[-3000:]
