@@ -205,6 +205,28 @@ def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
             'installed (tensorflow-tpu); Keras runs on JAX)') in result.stderr
 
 
+def test_compare_passes_the_backend_to_its_runs(tfds_dir, tmp_path):
+  """launch.compare's runs are launch.train processes: --backend=jax
+  reaches them. A policy JAX refuses stops the run in its first lines, and
+  compare names the run and its log (training two policies on JAX is
+  minutes here; the table itself is test_compare.py's)."""
+  root = tmp_path / 'compare'
+  result = run_module('launch.compare', '--backend=jax', f'--workdir={root}',
+                      f'--config.data_dir={tfds_dir}',
+                      '--policies=mixed_float16', timeout=300)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  # The failed run, named with its own error, then that none finished.
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 2, result.stderr[-2000:]
+  assert errors[0].startswith('error: run mixed_float16 failed (exit 1: '
+                              'error: --policy=mixed_float16 runs on '
+                              '--backend=tensorflow only')
+  assert errors[1].startswith('error: no run finished')
+  log = (root / 'mixed_float16' / 'train.log').read_text()
+  assert 'Backend: jax (asked for with --backend=jax)' in log
+  assert '--policy=mixed_float16 runs on --backend=tensorflow only' in log
+
+
 def test_two_hosts_stop_together_on_sigterm_to_one_and_resume(tfds_dir,
                                                              tmp_path):
   """A pod slice's hosts, stood in for by two processes of one CPU device
