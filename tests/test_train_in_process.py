@@ -102,10 +102,11 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
   assert metrics['weights_sha256'] != metrics['initial_weights_sha256']
   assert metrics['export_dir'] == f'{workdir}/export'
   assert os.path.exists(os.path.join(workdir, 'export', 'saved_model.pb'))
-  # float32 weights: they agree to rounding (1.5e-4 measured on the TPU
-  # build, whose CPU kernels differ; a wrong weight or input is far off).
+  # float32 weights, but a trained model's large logits turn kernel
+  # libraries' rounding into up to 1.5e-3 of probability (measured on the
+  # TPU build); a wrong weight or input is off by tenths.
   check_tflite_agrees_with_the_saved_model(os.path.join(workdir, 'export'),
-                                           atol=1e-3)
+                                           atol=1e-2)
   # Evaluated at steps 44 and 88 (TensorBoard's eval scalars); the better
   # one (the earlier on a tie: a later one must beat it) kept and exported.
   evaluated = compare_report.read_scalars(
