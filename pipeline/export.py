@@ -27,10 +27,10 @@ def write_tflite(model, metadata, path, kind):
   weights in float16 (half the size; computes in float32 where the device
   has no float16). Keras' own LiteRT export does the conversion.
   """
-  if keras.backend.backend() != 'tensorflow':
+  if keras.backend.backend() == 'tensorflow':
+    _convert(model.get_weights(), metadata, path, kind)
+  else:
     _write_tflite_on_tensorflow(model.get_weights(), metadata, path, kind)
-    return
-  _convert(model.get_weights(), metadata, path, kind)
 
 
 def _write_tflite_on_tensorflow(weights, metadata, path, kind):
