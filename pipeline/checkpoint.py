@@ -48,8 +48,13 @@ class Checkpointer:
     if is_chief:
       self.directory = self.shared_dir
     else:
-      # tf.distribute needs every worker in a save; only the chief's is kept.
-      self.directory = tempfile.mkdtemp(prefix=f'{series}-worker-')
+      # tf.distribute needs every worker in a save, and a reader of a gs://
+      # workdir fetches checkpoints somewhere: a folder of this process's
+      # own, removed when the Checkpointer goes or the process exits (each
+      # holds whole checkpoints; left behind, they fill the disk).
+      self._scratch = tempfile.TemporaryDirectory(
+          prefix=f'{series}-worker-', ignore_cleanup_errors=True)
+      self.directory = self._scratch.name
     if workdir.remote:
       self.gcs = checkpoint_gcs.CommittedSeries(
           workdir.remote, series, self.directory, max_to_keep,

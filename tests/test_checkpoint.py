@@ -1,5 +1,6 @@
 """The gs:// checkpoint commit protocol against a real GCS server on loopback."""
 
+import gc
 import os
 import re
 import time
@@ -81,6 +82,27 @@ def test_persistent_outage_keeps_the_staged_copy_and_resumes(emulator,
   again, again_value, _ = _checkpointer(url, staging)
   assert again.restore_latest() == 2 and float(again_value.numpy()) == 2.0
   assert 'outage/checkpoints/ckpt-2/COMMITTED' in emulator.names('runs')
+
+
+def test_a_reader_of_a_gs_workdir_leaves_no_folder_behind(emulator, tmp_path):
+  """launch.evaluate and init_from read a run as a worker that is not the
+  chief: the checkpoint they fetch lives in a folder of their own, gone
+  with the reader (left behind, every evaluation kept a whole checkpoint)."""
+  saver, value, _ = _checkpointer('gs://runs/read', tmp_path / 'a')
+  value.assign(7.0)
+  saver.save(7)
+  saver.wait()
+  workdir = storage.Workdir('gs://runs/read', str(tmp_path / 'b'),
+                            timeout_s=60.0)
+  read = tf.Variable(0.0)
+  reader = Checkpointer(workdir, 2, False, value=read)
+  assert reader.restore_latest() == 7 and float(read.numpy()) == 7.0
+  folder = reader.directory
+  assert os.path.basename(folder).startswith('checkpoints-worker-')
+  assert os.listdir(os.path.join(folder, 'restored', 'ckpt-7'))  # Fetched.
+  del reader
+  gc.collect()
+  assert not os.path.exists(folder)
 
 
 def test_missing_bucket_fails_preflight(emulator, tmp_path):
