@@ -5,12 +5,16 @@
   python -m launch.evaluate --workdir=runs/x --config.eval_split='train[:10%]'
 
   python -m launch.evaluate --workdir=gs://b/run --follow  # beside training
+  python -m launch.evaluate --workdir=runs/x --export=export-tensorflow
 
 The run's own config comes from its run.json; --config.KEY=VALUE overrides
 fields of it (another split, TFRecord glob or batch). Hardware flags are
 launch.train's; the policy is the run's unless --policy is given. Prints
 loss, accuracy, top-5 and the confusion matrix and writes them, with a
 picture, to <workdir>/evaluation/; never writes into the checkpoints.
+--export=export-NAME also exports the evaluated checkpoint to
+<workdir>/export-NAME on this machine's backend (a JAX run's export made
+with TensorFlow, or the reverse).
 """
 
 import dataclasses
@@ -43,6 +47,10 @@ FOLLOW_TIMEOUT_S = flags.DEFINE_float(
     'follow_timeout_s', 3600.0, 'With --follow: stop after this long without '
     'a new checkpoint.')
 
+EXPORT = flags.DEFINE_string(
+    'export', None, 'Also export the evaluated checkpoint to <workdir>/NAME '
+    'on this backend, as launch.train exports (NAME starts with "export-").')
+
 
 def main(argv):
   if len(argv) > 1:
@@ -61,6 +69,10 @@ def main(argv):
     request = dataclasses.replace(cli.request(config), trains=False)
     if not cli.POLICY.present:
       request = dataclasses.replace(request, policy=policy)
+    if EXPORT.value:
+      if FOLLOW.value:
+        raise UserError('--export exports one checkpoint: without --follow')
+      evaluation.check_export_name(EXPORT.value)
     plan = plan_lib.resolve(config, request)
     evaluator = evaluation.Evaluator(config, plan, trained_on)
     if FOLLOW.value:
@@ -70,9 +82,12 @@ def main(argv):
             f'{", ".join(str(r["step"]) for r in reports) or "none"}')
       return
     report = evaluator.evaluate(CHECKPOINT.value)
+    exported = EXPORT.value and evaluator.export(EXPORT.value)
   except UserError as e:
     sys.exit(f'error: {e}')
   print('\n'.join(evaluation.summary_lines(report)))
+  if exported:
+    print(f'Exported step {report["step"]} to {exported}')
 
 
 if __name__ == '__main__':

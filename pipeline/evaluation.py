@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import data
+from pipeline import export
 from pipeline import storage
 from pipeline import trainer as trainer_lib
 from pipeline import validation
@@ -91,6 +92,15 @@ class Evaluator:
       write(report, self.plan.workdir)
     return report
 
+  def export(self, name):
+    """Exports the checkpoint evaluate() restored into `<workdir>/<name>`,
+    on this process's backend: the SavedModel, metadata.json and LiteRT
+    model launch.train writes, so a run trained on one backend is exported
+    on the other. A name of its own: never the run's `export`, which the
+    run that holds the workdir may be writing."""
+    check_export_name(name)
+    return export.export_run(self.config, self.plan, self.trainer, name)
+
   def follow(self, poll_s, timeout_s, clock=time.monotonic):
     """Evaluates each new committed checkpoint once, until the final step's.
 
@@ -131,6 +141,13 @@ class Evaluator:
                         max(seen, default='none'), total)
         return reports
       time.sleep(poll_s)
+
+
+def check_export_name(name):
+  """Evaluator.export's folder: a name of its own, beside the run's."""
+  if not re.fullmatch(r'export-[\w.-]+', name):
+    raise UserError(f'--export={name}: give a folder name that starts with '
+                    '"export-", such as export-tensorflow')
 
 
 def split_name(config):

@@ -67,6 +67,16 @@ def _convert(weights, metadata, path, kind):
   rebuilt.export(path, format='litert', verbose=False, **options)
 
 
+def export_run(config, plan, trainer, name='export'):
+  """The trainer's model (its moving average, if kept) exported into
+  `<workdir>/<name>` as export_model writes it; the export's URL."""
+  with trainer.exported_weights():
+    return export_model(
+        trainer.model, plan.workdir, plan.hardware.is_chief,
+        metadata(config, plan), name=name, tflite=config.export_tflite,
+        io_device=plan.io_device)
+
+
 def export_model(model, workdir, is_chief, metadata, name='export',
                  tflite='', io_device=None):
   """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.

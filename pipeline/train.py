@@ -114,10 +114,10 @@ def _train_and_evaluate(config, plan, extra_actions):
       config, plan, trainer, progress, final_eval, initial_step=initial_step,
       initial_weights_sha256=initial_weights_sha256,
       checkpoint_blocked_s=checkpointer.blocked_s,
-      export_dir=_export(config, plan, trainer))
+      export_dir=export.export_run(config, plan, trainer))
   if keep_best:  # Last: it loads the best weights into the model.
     keep_best.checkpointer.restore_latest()
-    result.update(keep_best.metrics(), best_export_dir=_export(
+    result.update(keep_best.metrics(), best_export_dir=export.export_run(
         config, plan, trainer, 'export_best'))
   if hardware.is_chief:
     eval_writer.flush()
@@ -176,14 +176,6 @@ def _write_plan_text(config, plan, writer, step):
                                        for line in plan.describe(config)))
     tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
                     '\n```')
-
-
-def _export(config, plan, trainer, name='export'):
-  with trainer.exported_weights():  # The moving average, if kept.
-    return export.export_model(
-        trainer.model, plan.workdir, plan.hardware.is_chief,
-        export.metadata(config, plan), name=name,
-        tflite=config.export_tflite, io_device=plan.io_device)
 
 
 def run_loop(trainer, iterator, plan, initial_step, periodic_actions):

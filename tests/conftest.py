@@ -146,6 +146,22 @@ def check_tflite_agrees_with_the_saved_model(export_dir, atol):
       'tflite'] == 'model.tflite'
 
 
+def check_exports_agree(export_dir, other_dir, atol):
+  """Two exports' SavedModels on the same uint8 images: probabilities within
+  `atol`, and the same metadata.json but for where LiteRT's model is."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  images = np.random.RandomState(2).randint(0, 256, (4, 32, 32, 3)).astype(
+      np.uint8)
+  saved_models = [tf.saved_model.load(path)  # Held: they own the weights.
+                  for path in (export_dir, other_dir)]
+  np.testing.assert_allclose(*[m.serve(images).numpy() for m in saved_models],
+                             atol=atol)
+  metadata = [storage.read_json(os.path.join(path, 'metadata.json'))
+              for path in (export_dir, other_dir)]
+  assert metadata[0] == metadata[1]
+
+
 class Emulator:
   """A real GCS server (gcp-storage-emulator) on a free loopback port.
 

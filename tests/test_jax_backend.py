@@ -21,6 +21,7 @@ import time
 import pytest
 
 from conftest import REPO
+from conftest import check_exports_agree
 from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import run_module
 from conftest import run_train
@@ -99,13 +100,19 @@ def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
     return  # The TensorFlow side below needs a TensorFlow environment.
   evaluated = subprocess.run(
       [TF_PYTHON, '-m', 'launch.evaluate', f'--workdir={url}',
-       f'--staging_dir={tmp_path / "tf-machine"}'],
+       f'--staging_dir={tmp_path / "tf-machine"}', '--export=export-tf'],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
       check=False)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   accuracy = float(re.search(r'accuracy (\d\.\d+)', evaluated.stdout).group(1))
   assert abs(accuracy - metrics['eval_accuracy']) <= 0.005, evaluated.stdout
   assert 'Backend: tensorflow' in evaluated.stderr
+  # Exported on TensorFlow from the JAX run's checkpoint: the JAX export.
+  assert f'Exported step 10 to {url}/export-tf' in evaluated.stdout
+  assert 'jax/export-tf/saved_model.pb' in emulator.names('runs', 'jax/')
+  check_exports_agree(tmp_path / 'machine-b' / 'runs' / 'jax' / 'export',
+                      tmp_path / 'tf-machine' / 'runs' / 'jax' / 'export-tf',
+                      atol=1e-4)
 
 
 def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
@@ -153,7 +160,7 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
     tfds_dir, tmp_path):
   """The reverse of the first test: a TensorFlow run (this environment has
   TensorFlow's CPU build) read by launch.evaluate on JAX, its figures within
-  0.005; a JAX run fine-tunes from it; `--backend=jax` does not train on in
+  0.005, and exported there as its own export; a JAX run fine-tunes from it; `--backend=jax` does not train on in
   its workdir."""
   workdir = tmp_path / 'run'
   trained = run_train(*_args(workdir, tfds_dir, devices=1)[1:],
@@ -162,12 +169,15 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['backend'] == 'tensorflow'
   evaluated = run_module('launch.evaluate', f'--workdir={workdir}',
-                         '--backend=jax', '--num_cpu_devices=2')
+                         '--backend=jax', '--num_cpu_devices=2',
+                         '--export=export-jax')
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert 'Backend: jax' in evaluated.stderr
   accuracy = float(re.search(r'accuracy (\d\.\d+)', evaluated.stdout)[1])
   assert abs(accuracy - metrics['eval_accuracy']) <= 0.005, (
       accuracy, metrics['eval_accuracy'], evaluated.stdout)
+  # Exported on JAX from the TensorFlow run's checkpoint: its own export.
+  check_exports_agree(workdir / 'export', workdir / 'export-jax', atol=1e-4)
   resumed = run_train(*_args(workdir, tfds_dir), '--dry_run')
   assert resumed.returncode == 1
   assert resumed.stderr.strip().splitlines()[-1] == (

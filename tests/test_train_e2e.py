@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from pipeline.errors import UserError
 
-from conftest import REPO, run_train, tiny_args, tree_digest
+from conftest import REPO, check_exports_agree, run_module, run_train
+from conftest import tiny_args, tree_digest
 from test_console import NOISE
 
 
@@ -99,14 +100,18 @@ def test_export_loads_in_fresh_process(mirrored_run):
 def test_evaluate_reports_the_runs_accuracy(mirrored_run):
   """launch.evaluate on the finished run: its newest committed checkpoint,
   its config (run.json), the same 2 replicas: the accuracy it reported."""
-  from conftest import run_module  # pylint: disable=g-import-not-at-top
   workdir, _ = mirrored_run
   metrics = _metrics(workdir)
   result = run_module('launch.evaluate', f'--workdir={workdir}',
-                      '--num_cpu_devices=2', timeout=300)
+                      '--num_cpu_devices=2', '--export=export-again',
+                      timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert (f'Evaluated step 16 on sklearn_digits held-out (359 examples): '
           f'accuracy {metrics["eval_accuracy"]:.4f}') in result.stdout
+  # The checkpoint it evaluated, exported again: the run's own export.
+  assert f'Exported step 16 to {workdir}/export-again' in result.stdout
+  check_exports_agree(os.path.join(workdir, 'export'),
+                      os.path.join(workdir, 'export-again'), atol=1e-6)
   assert 'confusion matrix (rows: true, columns: predicted):' in result.stdout
   assert 'Precision: mixed_bfloat16' in result.stderr  # The run's policy.
   report = json.load(open(os.path.join(workdir, 'evaluation',
@@ -166,7 +171,6 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
 def test_follow_a_live_training_run(tmp_path, tfds_dir):
   """launch.evaluate --follow beside a training process: each checkpoint
   (every 4 steps, 16 in all) evaluated exactly once, then it stops."""
-  from conftest import run_module  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
   trainer = subprocess.Popen(
       [sys.executable, '-m', 'launch.train',
@@ -307,21 +311,26 @@ def test_bad_input_fails_in_one_line_and_keeps_the_workdir(mirrored_run,
   import concurrent.futures  # pylint: disable=g-import-not-at-top
   workdir, _ = mirrored_run
   before = tree_digest(workdir)
+  train, evaluate = 'launch.train', 'launch.evaluate'
   cases = [
-      (['--policy=fp8'], '--policy=fp8'),
-      (['--num_cpu_devices=2', '--config.global_batch_size=33'],
+      (train, ['--policy=fp8'], '--policy=fp8'),
+      (train, ['--num_cpu_devices=2', '--config.global_batch_size=33'],
        'global_batch_size=33'),
-      (['--config.dataset=no_such_set'], "'no_such_set'"),
-      (['--config.no_such_key=1'], "'no_such_key'"),
+      (train, ['--config.dataset=no_such_set'], "'no_such_set'"),
+      (train, ['--config.no_such_key=1'], "'no_such_key'"),
       # --config=FILE must come before its --config.KEY overrides.
-      (['--config=configs/no_such_config.py'], 'configs/no_such_config.py'),
-      (['--config.model=efficientnet_b1'], 'efficientnet_b1'),  # Another run's.
+      (train, ['--config=configs/no_such_config.py'],
+       'configs/no_such_config.py'),
+      (train, ['--config.model=efficientnet_b1'], 'efficientnet_b1'),
+      # The run's own export is not evaluate's to overwrite.
+      (evaluate, ['--export=export'], '--export=export: give a folder name '
+       'that starts with "export-"'),
   ]
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    results = list(pool.map(lambda case: run_train(
-        *case[0], f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',
-        timeout=300), cases))
-  for (flags, named), result in zip(cases, results):
+    results = list(pool.map(lambda case: run_module(
+        case[0], *case[1], f'--workdir={workdir}',
+        f'--config.data_dir={tfds_dir}', timeout=300), cases))
+  for (_, flags, named), result in zip(cases, results):
     errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
     assert result.returncode != 0 and 'Traceback' not in result.stderr, flags
     assert len(errors) == 1 and named in errors[0], result.stderr[-2000:]
