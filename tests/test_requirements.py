@@ -1,6 +1,6 @@
-"""The GPU requirements resolve, with every NVIDIA wheel pinned.
+"""The GPU and JAX TPU requirements resolve where they are installed.
 
-`uv pip compile` resolves for a Linux x86-64 GPU machine from the package
+`uv pip compile` resolves for a Linux x86-64 machine from the package
 index's metadata alone, in seconds. `pip install --dry-run --report`, the
 first way this was checked, downloads every wheel it resolves (3.4 GB here,
 pip 26.3 with --no-cache-dir: TensorFlow, cuBLAS, cuDNN, ...), which ran
@@ -16,30 +16,49 @@ import pytest
 
 from conftest import REPO
 
-REQUIREMENTS = os.path.join(REPO, 'requirements-gpu.txt')
+GPU_REQUIREMENTS = os.path.join(REPO, 'requirements-gpu.txt')
+# 3.11: this project's machines; 3.13: Colab's runtimes.
+PYTHONS = ['3.11', '3.13']
 
 
 def _pins(text):
   return dict(re.findall(r'^([A-Za-z0-9_.\-\[\]]+)==(\S+)', text, re.M))
 
 
-# 3.11: this project's machines; 3.13: Colab's runtimes.
-@pytest.mark.parametrize('python', ['3.11', '3.13'])
-def test_the_gpu_requirements_resolve_with_every_nvidia_wheel_pinned(python):
+def _compile(path, python, platform):
+  """{package: version} that `path` resolves to, or a failed assertion."""
   uv = os.path.join(os.path.dirname(sys.executable), 'uv')
   result = subprocess.run(
       [uv, 'pip', 'compile', '--quiet', '--no-cache', '--no-header',
        '--no-annotate', '--no-python-downloads', f'--python-version={python}',
-       '--python-platform=x86_64-manylinux_2_28', REQUIREMENTS],
+       f'--python-platform={platform}', path],
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
-  resolved = _pins(result.stdout)
+  return _pins(result.stdout)
+
+
+@pytest.mark.parametrize('python', PYTHONS)
+def test_the_gpu_requirements_resolve_with_every_nvidia_wheel_pinned(python):
+  resolved = _compile(GPU_REQUIREMENTS, python, 'x86_64-manylinux_2_28')
   nvidia = {name: version for name, version in resolved.items()
             if name.startswith('nvidia-')}
-  with open(REQUIREMENTS) as f:
+  with open(GPU_REQUIREMENTS) as f:
     pins = _pins(f.read())
   assert len(nvidia) == 12
   assert nvidia == {name: pins[name] for name in nvidia}  # All pinned.
   cudnn = tuple(int(p) for p in nvidia['nvidia-cudnn-cu12'].split('.')[:2])
   assert cudnn >= (9, 24)
   assert resolved['tensorflow'] == '2.21.0'
+
+
+@pytest.mark.parametrize('python', PYTHONS)
+def test_the_jax_tpu_requirements_resolve_as_pinned(python):
+  """requirements-jax.txt on a TPU host (libtpu's wheels need glibc 2.31):
+  JAX, libtpu, Keras and TensorFlow's CPU build at their pins."""
+  path = os.path.join(REPO, 'requirements-jax.txt')
+  resolved = _compile(path, python, 'x86_64-manylinux_2_31')
+  with open(path) as f:
+    pins = _pins(f.read())
+  for name in ('jax[tpu]', 'jaxlib', 'libtpu', 'tensorflow-cpu', 'keras'):
+    assert resolved[name.split('[')[0]] == pins[name], name
+  assert 'tensorflow' not in resolved  # Only the CPU build.
