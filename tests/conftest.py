@@ -148,7 +148,7 @@ def check_tflite_agrees_with_the_saved_model(export_dir, atol):
 
 def check_exports_agree(export_dir, other_dir, atol):
   """Two exports' SavedModels on the same uint8 images: probabilities within
-  `atol`, and the same metadata.json but for where LiteRT's model is."""
+  `atol`, and the same metadata.json."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from pipeline import storage  # pylint: disable=g-import-not-at-top
   images = np.random.RandomState(2).randint(0, 256, (4, 32, 32, 3)).astype(

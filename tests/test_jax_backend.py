@@ -160,8 +160,8 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
     tfds_dir, tmp_path):
   """The reverse of the first test: a TensorFlow run (this environment has
   TensorFlow's CPU build) read by launch.evaluate on JAX, its figures within
-  0.005, and exported there as its own export; a JAX run fine-tunes from it; `--backend=jax` does not train on in
-  its workdir."""
+  0.005, and exported there as its own export; a JAX run fine-tunes from
+  it; `--backend=jax` does not train on in its workdir."""
   workdir = tmp_path / 'run'
   trained = run_train(*_args(workdir, tfds_dir, devices=1)[1:],
                       '--backend=tensorflow')
