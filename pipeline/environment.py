@@ -53,6 +53,13 @@ QUIET = re.compile('|'.join([
     # from the compile cache (pipeline/compile_cache.py).
     r'text_format\.cc:\d+\] Error parsing text-format '
     r'tensorflow\.XlaSerializedCacheEntry',
+    # A damaged or odd image: TensorFlow's JPEG decoder, and libjpeg's and
+    # libpng's bare lines, none naming the file (ImageNet has a few). The
+    # run counts the records it could not decode ("skipped records").
+    r'jpeg_mem\.cc:\d+\] ',
+    r'^(Corrupt JPEG data|Premature end of JPEG file|Input file read error|'
+    r'Improper call to JPEG library|Not a JPEG file|Invalid JPEG file '
+    r'structure|Unsupported marker type|libpng (warning|error): )',
 ]))
 # A line this process writes to the filter: the log file for QUIET lines.
 _LOG_MARKER = 'PIPELINE_NATIVE_LOG='

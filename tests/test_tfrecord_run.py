@@ -2,11 +2,13 @@
 
 import json
 import math
+import re
 
 import pytest
 
 from conftest import run_module, run_train
 from pipeline import tfrecords
+from test_console import ABSL_INFO
 
 
 @pytest.fixture(scope='module')
@@ -118,3 +120,8 @@ def test_benchmark_of_the_input_alone_against_a_target(jpeg_dir, tmp_path):
           f'cores; at this rate it needs {figures["cores_for_target"]} cores'
           in result.stdout)
   assert 'train, ' not in result.stdout
+  # The plan's lines in the console's own format, none in absl's, and
+  # none of libjpeg's on the damaged record (no run.log here: dropped).
+  assert re.search(r'^\d\d:\d\d:\d\d Run: CPU', result.stderr, re.M)
+  assert not ABSL_INFO.search(result.stderr), result.stderr[-3000:]
+  assert 'Input file read error' not in result.stderr

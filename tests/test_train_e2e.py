@@ -18,7 +18,7 @@ from pipeline.errors import UserError
 
 from conftest import REPO, check_exports_agree, run_module, run_train
 from conftest import tiny_args, tree_digest
-from test_console import NOISE
+from test_console import ABSL_INFO, NOISE
 
 
 def _metrics(workdir):
@@ -70,6 +70,7 @@ def test_a_pipe_gets_plain_lines_without_the_noise(mirrored_run):
   text = result.stdout + result.stderr
   assert not re.search(r'[\x00-\x08\x0b-\x1f\x7f]', text)
   assert not NOISE.search(text), NOISE.search(text).group(0)
+  assert not ABSL_INFO.search(text), ABSL_INFO.search(text).group(0)
   assert re.search(r'^\d\d:\d\d:\d\d step 16/16 \(epoch 2\.0\)',
                    result.stderr, re.M)
   with open(os.path.join(workdir, 'run.log')) as f:
@@ -114,6 +115,7 @@ def test_evaluate_reports_the_runs_accuracy(mirrored_run):
                       os.path.join(workdir, 'export-again'), atol=1e-6)
   assert 'confusion matrix (rows: true, columns: predicted):' in result.stdout
   assert 'Precision: mixed_bfloat16' in result.stderr  # The run's policy.
+  assert not ABSL_INFO.search(result.stderr), result.stderr[-3000:]
   report = json.load(open(os.path.join(workdir, 'evaluation',
                                        'held-out-step16.json')))
   assert report['accuracy'] == pytest.approx(metrics['eval_accuracy'],
