@@ -257,9 +257,12 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
                    '--collective_timeout_s=30')
 
   def start(index, extra=()):
+    # TMPDIR: a worker killed with SIGKILL cannot remove its checkpoint
+    # scratch folder (pipeline/checkpoint.py); it stays under tmp_path.
     return subprocess.Popen(
         [sys.executable, '-m', 'launch.train', *args, *extra], cwd=REPO,
-        env=dict(os.environ, TF_CONFIG=_tf_config(ports, index)),
+        env=dict(os.environ, TF_CONFIG=_tf_config(ports, index),
+                 TMPDIR=str(tmp_path)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
   chief, other = start(0), start(1)
