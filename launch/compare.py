@@ -26,6 +26,8 @@ import tensorflow as tf
 from launch import cli
 from pipeline import compare
 from pipeline import console
+from pipeline import stopping
+from pipeline.errors import Stopped
 from pipeline.errors import UserError
 
 POLICIES = cli.define_policy_list(
@@ -62,6 +64,8 @@ def main(argv):
     all_ran = compare.run_comparison(request, config)
   except UserError as e:
     sys.exit(f'error: {e}')
+  except Stopped as e:  # SIGTERM or Ctrl-C: the run in progress saved.
+    stopping.exit_after(e)
   if not all_ran:
     sys.exit(1)
 

@@ -31,8 +31,10 @@ from ml_collections import config_flags
 
 from launch import cli
 from pipeline import console
+from pipeline import stopping
 from pipeline import evaluation
 from pipeline import plan as plan_lib
+from pipeline.errors import Stopped
 from pipeline.errors import UserError
 
 CHECKPOINT = flags.DEFINE_integer(
@@ -85,6 +87,8 @@ def main(argv):
     exported = EXPORT.value and evaluator.export(EXPORT.value)
   except UserError as e:
     sys.exit(f'error: {e}')
+  except Stopped as e:  # SIGTERM or Ctrl-C while following.
+    stopping.exit_after(e)
   print('\n'.join(evaluation.summary_lines(report)))
   if exported:
     print(f'Exported step {report["step"]} to {exported}')

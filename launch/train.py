@@ -16,14 +16,12 @@ from absl import app
 
 from launch import cli
 from pipeline import console
+from pipeline import stopping
 from pipeline import plan as plan_lib
 from pipeline import train
 from pipeline import workdir_lock
-from pipeline.errors import Preempted
+from pipeline.errors import Stopped
 from pipeline.errors import UserError
-
-# A stopped, resumable run: what a shell reports for a process ended by SIGTERM.
-_EXIT_PREEMPTED = 143
 
 
 def main(argv):
@@ -41,9 +39,8 @@ def main(argv):
     train.train_and_evaluate(config, plan)
   except UserError as e:
     sys.exit(f'error: {e}')
-  except Preempted as e:
-    print(f'preempted: {e}', file=sys.stderr)
-    sys.exit(_EXIT_PREEMPTED)
+  except Stopped as e:  # SIGTERM or Ctrl-C, its checkpoint committed.
+    stopping.exit_after(e)
 
 
 if __name__ == '__main__':

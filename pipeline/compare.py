@@ -18,6 +18,7 @@ from pipeline import compare_report
 from pipeline import plan
 from pipeline import precision
 from pipeline import sources
+from pipeline import stopping
 from pipeline import storage
 from pipeline.errors import UserError
 
@@ -109,12 +110,23 @@ def _last_error_line(log_path):
 
 
 def train_one(run, command):
-  """Runs one child, its output in <run>/train.log; its metrics or None."""
+  """Runs one child, its output in <run>/train.log; its metrics or None.
+
+  The child has a process group of its own: a stop request (SIGTERM,
+  Ctrl-C) reaches it once, passed on from here, and it saves and stops as
+  launch.train does. Then this raises Stopped, naming what finished.
+  """
   os.makedirs(run.workdir, exist_ok=True)
   with open(run.log_path, 'a') as log:
     log.write(f'$ {" ".join(command)}\n')
     log.flush()
-    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                             process_group=0)
+    with stopping.forwarding_to(child):
+      code = child.wait()
+  if stopping.requested():
+    raise stopping.Stopped(stopping.requested(), f'run {run.name} stopped '
+                           f'(exit {code}; log: {run.log_path})')
   metrics = storage.read_json(run.metrics_path) if code == 0 else None
   if metrics is None:
     reason = (f'exit {code}' if code else 'no metrics.json written')
@@ -150,6 +162,21 @@ def run_comparison(request, config):
       [r.global_batch_size for r in runs])
   os.makedirs(request.root, exist_ok=True)
   metrics_by_run = {}
+  with stopping.armed():
+    _train_all(runs, request, config, examples_per_epoch, metrics_by_run)
+  if not metrics_by_run:
+    raise UserError(f'no run finished; see the train.log files under '
+                    f'{request.root}')
+
+  compare_report.report(request, runs, metrics_by_run, examples_per_epoch,
+                        config.epochs)
+  return len(metrics_by_run) == len(runs)
+
+
+def _train_all(runs, request, config, examples_per_epoch, metrics_by_run):
+  """Trains or reuses each run in turn, into `metrics_by_run`; a stop
+  request stops the run in progress and the comparison, naming what
+  finished."""
   for index, run in enumerate(runs, 1):
     label = f'[{index}/{len(runs)}] {run.name}'
     metrics = finished_metrics(run, examples_per_epoch, config.epochs)
@@ -161,9 +188,14 @@ def run_comparison(request, config):
             f'{examples_per_epoch // run.global_batch_size} steps x '
             f'{config.epochs} epoch(s); log {run.log_path}', flush=True)
       start = time.perf_counter()
-      metrics = train_one(run, child_command(run, request.forwarded_args,
-                                             examples_per_epoch,
-                                             config.epochs))
+      try:
+        metrics = train_one(run, child_command(
+            run, request.forwarded_args, examples_per_epoch, config.epochs))
+      except stopping.Stopped as e:
+        finished = ', '.join(metrics_by_run) or 'none'
+        raise stopping.Stopped(
+            e.signum, f'stopped: {stopping.NAMES[e.signum]}: finished runs: '
+            f'{finished}; {e}; rerun the same command to go on') from None
       if metrics:
         rate = metrics.get('train_images_per_sec')
         print(f'{label}: done in {time.perf_counter() - start:.0f} s, '
@@ -171,10 +203,3 @@ def run_comparison(request, config):
               f'{metrics["eval_accuracy"]:.4f}', flush=True)
     if metrics:
       metrics_by_run[run.name] = metrics
-  if not metrics_by_run:
-    raise UserError(f'no run finished; see the train.log files under '
-                    f'{request.root}')
-
-  compare_report.report(request, runs, metrics_by_run, examples_per_epoch,
-                        config.epochs)
-  return len(metrics_by_run) == len(runs)

@@ -105,6 +105,10 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
   Stops in one line where NVIDIA GPUs are present but TensorFlow sees none,
   unless `allow_cpu`: training on the CPU there is never what was meant.
   """
+  if os.environ.get('JAX_COORDINATOR_ADDRESS'):
+    raise UserError('JAX_COORDINATOR_ADDRESS joins hosts on the JAX backend; '
+                    'TensorFlow workers join through TF_CONFIG: pass '
+                    '--backend=jax, or set TF_CONFIG instead')
   if tpu:
     if gpus:
       raise UserError(f'--gpus={gpus} selects GPUs; it cannot be combined '

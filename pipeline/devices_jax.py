@@ -50,11 +50,12 @@ class DataParallel:
         num_replicas_in_sync=hosts))
     return HostBatches(dataset)
 
-  def any_host(self, flag):
-    """Whether any host passed a true `flag`; every host calls it at the
-    same step (SIGTERM on one host stops all at one step)."""
-    flags = multihost_utils.process_allgather(np.array([float(flag)]))
-    return bool(np.any(flags))
+  def sum_over_hosts(self, values):
+    """The element-wise sum of every host's `values` (numpy); every host
+    calls it at the same step (a SIGTERM to one host stops all at one
+    step)."""
+    gathered = multihost_utils.process_allgather(np.asarray(values))
+    return np.asarray(gathered).reshape(-1, len(values)).sum(axis=0)
 
   def to_devices(self, host_arrays, stacked=False):
     """Global arrays, split over every device, from this host's share."""
@@ -97,20 +98,66 @@ def _initialize_hosts():
                     f'({type(e).__name__}: {first_line(e)})') from None
 
 
-def resolve(tpu='', num_cpu_devices=1, allow_cpu=False):
-  """The Hardware of this process on JAX: all its devices, all hosts'."""
+def unsupported_settings(request, environ=os.environ):
+  """One line for the first hardware flag or environment setting of
+  `request` (a plan.Request) that only TensorFlow honours, naming what JAX
+  takes instead; None if there is none."""
+  defaults = type(request)()
+  if environ.get('TF_CONFIG'):
+    return ('TF_CONFIG joins TensorFlow workers; on the JAX backend hosts '
+            'join through JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and '
+            'JAX_PROCESS_ID (a TPU pod slice finds its hosts itself): unset '
+            'TF_CONFIG, or pass --backend=tensorflow')
+  if request.collective != defaults.collective:
+    return (f'--collective={request.collective} picks TensorFlow\'s '
+            'all-reduce; on the JAX backend XLA chooses the collectives: '
+            'leave it out, or pass --backend=tensorflow')
+  if request.collective_timeout_s != defaults.collective_timeout_s:
+    return ('--collective_timeout_s bounds TensorFlow\'s collectives; on the '
+            'JAX backend JAX_INITIALIZATION_TIMEOUT_S bounds joining the '
+            'hosts: leave it out, or pass --backend=tensorflow')
+  for name in ('tpu_runtime_version', 'tpu_zone', 'gcp_project'):
+    if getattr(request, name):
+      return (f'--{name}={getattr(request, name)} applies to TPU Nodes, which '
+              'TensorFlow drives; on the JAX backend a TPU VM (--tpu=local) '
+              'runs the software installed on it: leave it out, or pass '
+              '--backend=tensorflow')
+  return None
+
+
+def _select_gpus(spec, found):
+  """The devices --gpus names, among this host's GPUs (a UserError listing
+  them, 'none' without any)."""
+  gpus = [d for d in found if _KINDS.get(d.platform) == 'GPU']
+  indices = devices.select_gpus(spec, [f'GPU:{i}' for i in range(len(gpus))])
+  if jax.process_count() > 1:
+    raise UserError(f'--gpus={spec} selects GPUs of one host; on several '
+                    'JAX hosts set CUDA_VISIBLE_DEVICES on each instead')
+  return [gpus[i] for i in indices]
+
+
+def resolve(request):
+  """The Hardware of this process on JAX: all its devices, all hosts' (or
+  the GPUs request.gpus names). A UserError, before any device is used,
+  for a setting only TensorFlow honours."""
+  tpu, num_cpu_devices = request.tpu, request.num_cpu_devices
+  problem = unsupported_settings(request)
+  if problem:
+    raise UserError(problem)
   if num_cpu_devices < 1:
     raise UserError(f'--num_cpu_devices={num_cpu_devices} must be 1 or more')
   if num_cpu_devices > 1:
     jax.config.update('jax_num_cpu_devices', num_cpu_devices)
   _initialize_hosts()
   found = jax.devices()
+  if request.gpus:
+    found = _select_gpus(request.gpus, found)
   kind = _KINDS.get(found[0].platform, found[0].platform.upper())
   if tpu and kind != 'TPU':
     raise UserError(f'--tpu={tpu}: JAX finds no TPU on this host (its '
                     f'devices: {len(found)} x {found[0].platform}); run on '
                     'a TPU VM or a Colab TPU runtime, or leave --tpu out')
-  if kind == 'CPU' and not allow_cpu:
+  if kind == 'CPU' and not request.allow_cpu:
     devices.check_no_unusable_gpus()
   hosts = jax.process_count()
   name = found[0].device_kind if kind != 'CPU' else 'CPU device'

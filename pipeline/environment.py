@@ -10,9 +10,11 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 from pipeline import backend
 from pipeline import compile_cache
+from pipeline import stopping
 from pipeline.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +66,7 @@ QUIET = re.compile('|'.join([
 # A line this process writes to the filter: the log file for QUIET lines.
 _LOG_MARKER = 'PIPELINE_NATIVE_LOG='
 _filtering = []
+_direct = []  # The real stderr's descriptor while the filter runs.
 
 def _flag(argv, name):
   """The --NAME value in `argv` (absl syntax), or None if not given."""
@@ -80,7 +83,9 @@ def requested_policy(argv):
 
 def prepare(argv):
   """Sets TensorFlow's and Keras' load-time switches for the run `argv`
-  asks for; a one-line exit for a backend that cannot run."""
+  asks for; a one-line exit for a backend that cannot run. From here on,
+  SIGTERM and Ctrl-C end the process in one line (pipeline/stopping.py)."""
+  stopping.install()
   try:
     backend.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
     compile_cache.prepare(_flag(argv, 'config.compile_cache_dir'))
@@ -106,9 +111,14 @@ def prepare(argv):
 
 
 # The filter: its own process, so lines a crash leaves in the pipe (a
-# native "Check failed") still reach the screen after this one dies.
+# native "Check failed") still reach the screen after this one dies. It
+# ignores the signals its run handles (a signal to the whole process group,
+# as `timeout`, a VM's shutdown or a terminal's Ctrl-C send, must leave it
+# to pass the run's last lines) and ends when the pipe closes.
 _FILTER = """
-import re, sys
+import re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 noise, quiet, marker = re.compile(sys.argv[1]), re.compile(sys.argv[2]), sys.argv[3]
 out, log, kept = sys.stdout.buffer, None, []
 for line in sys.stdin.buffer:
@@ -131,8 +141,11 @@ for line in sys.stdin.buffer:
     else:
       kept = kept[-999:] + [line]
   else:
-    out.write(line)
-    out.flush()
+    try:
+      out.write(line)
+      out.flush()
+    except OSError:
+      pass  # The terminal is gone; keep draining, so the run never blocks.
 """
 
 
@@ -144,8 +157,10 @@ def filter_native_stderr(noise=NATIVE_NOISE):
 
   Python's own output (logging, progress bars, tracebacks, a one-line
   error) goes straight to the real stderr through a new sys.stderr, so
-  nothing waits on the filter but native lines. PIPELINE_RAW_STDERR=1
-  leaves stderr alone.
+  nothing waits on the filter but native lines. Should the filter end
+  early (killed), native lines go straight to the real stderr from then on:
+  a write to its closed pipe never raises. PIPELINE_RAW_STDERR=1 leaves
+  stderr alone.
   """
   if os.environ.get('PIPELINE_RAW_STDERR') or _filtering:
     return
@@ -161,12 +176,20 @@ def filter_native_stderr(noise=NATIVE_NOISE):
   os.dup2(write_end, 2)
   os.close(write_end)
   sys.stderr = os.fdopen(direct, 'w', buffering=1, errors='backslashreplace')
+  _direct.append(direct)
+
+  def bypass_when_it_ends():
+    child.wait()
+    _bypass()
+
+  threading.Thread(target=bypass_when_it_ends, daemon=True,
+                   name='stderr-filter-watch').start()
 
   def drain():
     # At a normal exit: close our end and let the filter finish, so its
     # last lines land before the shell's prompt.
     try:
-      os.dup2(direct, 2)
+      _bypass()
       child.wait(timeout=5)
     except (OSError, subprocess.TimeoutExpired):
       pass  # A child process of ours still holds the pipe; it will end.
@@ -177,5 +200,14 @@ def filter_native_stderr(noise=NATIVE_NOISE):
 def native_lines_to(path):
   """From now on QUIET native lines, and those kept so far, go to the file
   `path` (appended to); '' stops that. Nothing without the filter."""
-  if _filtering:
-    os.write(2, f'{_LOG_MARKER}{path}\n'.encode())
+  if _filtering and _direct:
+    try:
+      os.write(2, f'{_LOG_MARKER}{path}\n'.encode())
+    except OSError:  # The filter has ended: nothing to tell it.
+      _bypass()
+
+
+def _bypass():
+  """Native lines straight to the real stderr, the filter left out."""
+  if _direct:
+    os.dup2(_direct.pop(), 2)

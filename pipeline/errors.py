@@ -1,9 +1,10 @@
 """Exceptions the launchers turn into a one-line message and an exit code.
 
 UserError is a mistake the user can fix (a bad flag, config value, path or
-environment): one line and exit status 1. Preempted is a SIGTERM that was
-handled: a checkpoint was committed, exit status 143. Anything else is a bug
-and keeps its traceback.
+environment): one line and exit status 1. Stopped is a stop that was asked
+for (SIGTERM, Ctrl-C) and handled: a checkpoint was committed, one line and
+exit status 128 + the signal's number (pipeline/stopping.py). Anything else
+is a bug and keeps its traceback.
 """
 
 import re
@@ -13,8 +14,14 @@ class UserError(Exception):
   """A bad flag, config value, path or environment, explained in one line."""
 
 
-class Preempted(Exception):
-  """SIGTERM arrived; a checkpoint was saved and committed before stopping."""
+class Stopped(Exception):
+  """SIGTERM or Ctrl-C arrived and was handled; the message is the line a
+  launcher prints, `exit_status` what it exits with (143, 130)."""
+
+  def __init__(self, signum, message):
+    super().__init__(message)
+    self.signum = signum
+    self.exit_status = 128 + int(signum)
 
 
 def first_line(error):

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from pipeline import data
 from pipeline import export
+from pipeline import stopping
 from pipeline import storage
 from pipeline import trainer as trainer_lib
 from pipeline import validation
@@ -114,33 +115,46 @@ class Evaluator:
         workdir.path('tensorboard', 'evaluator'))
     seen, reports = set(), []
     last_new = clock()
-    while True:
-      for step in [s for s in self.checkpointer.committed_steps()
-                   if s not in seen]:
-        seen.add(step)
-        last_new = clock()
-        try:
-          report = self.evaluate(step)
-        except UserError as e:  # Pruned or damaged under our feet.
-          logging.warning('Skipped checkpoint %d: %s', step, e)
-          continue
-        reports.append(report)
-        logging.info('%s', summary_lines(report)[0])
-        with writer.as_default(step=step):
-          for key in ('accuracy', 'loss', 'top5_accuracy'):
-            if report[key] is not None:
-              tf.summary.scalar(key, report[key])
-        writer.flush()
-        workdir.publish('tensorboard/evaluator')
-      if total in seen:
-        logging.info('Evaluated the final step %d; stopping', total)
-        return reports
-      if clock() - last_new > timeout_s:
-        logging.warning('No new checkpoint in %.0f s; stopping (the run is '
-                        'at most at step %s of %d)', timeout_s,
-                        max(seen, default='none'), total)
-        return reports
-      time.sleep(poll_s)
+    with stopping.armed():
+      while True:
+        for step in [s for s in self.checkpointer.committed_steps()
+                     if s not in seen]:
+          _raise_if_asked_to_stop(workdir, reports)
+          seen.add(step)
+          last_new = clock()
+          try:
+            report = self.evaluate(step)
+          except UserError as e:  # Pruned or damaged under our feet.
+            logging.warning('Skipped checkpoint %d: %s', step, e)
+            continue
+          reports.append(report)
+          logging.info('%s', summary_lines(report)[0])
+          with writer.as_default(step=step):
+            for key in ('accuracy', 'loss', 'top5_accuracy'):
+              if report[key] is not None:
+                tf.summary.scalar(key, report[key])
+          writer.flush()
+          workdir.publish('tensorboard/evaluator')
+        if total in seen:
+          logging.info('Evaluated the final step %d; stopping', total)
+          return reports
+        if clock() - last_new > timeout_s:
+          logging.warning('No new checkpoint in %.0f s; stopping (the run is '
+                          'at most at step %s of %d)', timeout_s,
+                          max(seen, default='none'), total)
+          return reports
+        stopping.wait(poll_s)
+        _raise_if_asked_to_stop(workdir, reports)
+
+
+def _raise_if_asked_to_stop(workdir, reports):
+  """Stopped, naming what was evaluated, once SIGTERM or Ctrl-C came."""
+  signum = stopping.requested()
+  if signum:
+    steps = ', '.join(str(r['step']) for r in reports) or 'none'
+    raise stopping.Stopped(
+        signum, f'stopped: {stopping.NAMES[signum]}: evaluated '
+        f'{len(reports)} checkpoint(s) of {workdir.url}, steps {steps}')
 
 
 def check_export_name(name):

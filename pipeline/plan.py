@@ -53,8 +53,7 @@ class Request:
   def find_hardware(self):
     if backend_lib.current()[0] == 'jax':
       from pipeline import devices_jax  # pylint: disable=g-import-not-at-top
-      return devices_jax.resolve(self.tpu, self.num_cpu_devices,
-                                 self.allow_cpu)
+      return devices_jax.resolve(self)
     return devices.resolve(self.tpu, self.tpu_zone, self.gcp_project,
                            self.num_cpu_devices, self.collective,
                            self.collective_timeout_s, self.gpus,

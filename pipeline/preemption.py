@@ -1,85 +1,79 @@
-"""SIGTERM (what cloud preemption sends) turned into a save and a stop.
+"""A stop request (SIGTERM, Ctrl-C: pipeline/stopping.py) turned into a
+checkpoint and a stop at the next execution boundary.
 
-SaveOnPreemption is a periodic action (pipeline/actions.py has the
-interface). Not tf.distribute.experimental.PreemptionCheckpointHandler: it
-raises NotImplementedError on GCP CPU and TPU VMs (failure_handling.py).
+SaveOnStop is a periodic action (pipeline/actions.py has the interface).
+Not tf.distribute.experimental.PreemptionCheckpointHandler: it raises
+NotImplementedError on GCP CPU and TPU VMs (failure_handling.py).
 """
 
 import signal
-import threading
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from pipeline import console
+from pipeline import stopping
 from pipeline import trainer as trainer_lib
-from pipeline.errors import Preempted
+
+# The order of the all-reduced request counts.
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class SaveOnPreemption:
-  """Turns SIGTERM (what cloud preemption sends) into a save and a stop.
+class SaveOnStop:
+  """Saves a checkpoint and stops when this run, or any worker of it, was
+  asked to stop.
 
-  The signal only sets a flag; at the next execution boundary the action
-  saves, waits for the checkpoint's commit and raises Preempted. With
-  several workers (`strategy` given), the flag is all-reduced (summed) at every
-  boundary, so a SIGTERM to any one worker stops all of them at the same
-  step, each taking part in the one save (tf.distribute needs every worker
-  in it; only the chief's is kept). A second SIGTERM gets the previous
-  handler. close() puts that handler back.
-
-  Not tf.distribute.experimental.PreemptionCheckpointHandler: it raises
-  NotImplementedError on GCP CPU and TPU VMs (failure_handling.py).
+  At each boundary the action reads the request; with several workers
+  (`strategy` given) the requests are all-reduced, so a SIGTERM or Ctrl-C
+  to any one worker stops all of them at the same step, each taking part
+  in the one save (tf.distribute needs every worker in it; only the
+  chief's is kept). It waits for the checkpoint's commit, publishes the
+  logs and raises stopping.Stopped with the line to print.
   """
 
   def __init__(self, checkpointer, workdir, strategy=None):
     self.checkpointer = checkpointer
     self.workdir = workdir
-    self.raised = False
-    self._previous = None
-    self._any_worker = _any_worker(strategy) if strategy else None
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    # A flag and nothing else. Python runs this handler inside whatever the
-    # main thread was doing, a write to stderr included; a log line from
-    # here would fail there as a reentrant write, before the flag is set,
-    # and the run would train on through its preemption.
-    del frame
-    self.raised = True
-    signal.signal(signum, self._previous or signal.SIG_DFL)
+    self._sum_over_workers = _sum_over_workers(strategy) if strategy else None
 
   def __call__(self, execution):
-    stop = self.raised
-    if self._any_worker:
+    own = stopping.requested()
+    counts = np.array([float(own == s) for s in _SIGNALS])
+    if self._sum_over_workers:
       with trainer_lib.peers_lost_in_one_line():
-        stop = bool(self._any_worker(tf.constant(float(stop))))
-    if not stop:
+        counts = self._sum_over_workers(counts)
+    if not counts.any():
       return
-    logging.warning('%s got SIGTERM: saving a checkpoint at step %d',
-                    'This run' if self.raised else 'Another worker',
-                    execution.step)
-    self.checkpointer.save(execution.step)
+    signum = own or _SIGNALS[int(np.argmax(counts > 0))]
+    name = stopping.NAMES[signum]
+    step = execution.step
+    if own == signal.SIGINT:
+      logging.warning('Ctrl-C: saving a checkpoint at step %d; Ctrl-C again '
+                      'to stop now', step)
+    else:
+      logging.warning('%s got %s: saving a checkpoint at step %d',
+                      'This run' if own else 'Another worker', name, step)
+    self.checkpointer.save(step)
     self.checkpointer.wait()
     self.workdir.publish('tensorboard')
     self.workdir.publish(console.LOG_FILE)
-    raise Preempted(f'SIGTERM: checkpoint of step {execution.step} committed '
-                    f'to {self.workdir.url}; rerun the same command to resume')
-
-  def close(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
+    kind = 'preempted' if signum == signal.SIGTERM else 'stopped'
+    raise stopping.Stopped(
+        signum, f'{kind}: {name}: checkpoint of step {step} committed to '
+        f'{self.workdir.url}; rerun the same command to resume')
 
 
-def _any_worker(strategy):
-  """flag -> whether any replica of any worker passed a non-zero flag."""
-  if hasattr(strategy, 'any_host'):  # JAX's hosts (devices_jax).
-    return strategy.any_host
+def _sum_over_workers(strategy):
+  """counts -> the element-wise sum of every replica's `counts` (numpy):
+  non-zero where any worker was asked to stop that way."""
+  if hasattr(strategy, 'sum_over_hosts'):  # JAX's hosts (devices_jax).
+    return strategy.sum_over_hosts
 
   @tf.function
-  def any_worker(flag):
-    flags = strategy.run(lambda: tf.identity(flag))
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None) > 0
+  def sum_over_workers(counts):
+    per_replica = strategy.run(lambda: tf.identity(counts))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-  return any_worker
+  return lambda counts: sum_over_workers(
+      tf.constant(counts, tf.float32)).numpy()

@@ -20,6 +20,7 @@ from pipeline import finetune
 from pipeline import metrics
 from pipeline import preemption as preemption_lib
 from pipeline import progress as progress_lib
+from pipeline import stopping
 from pipeline import trainer as trainer_lib
 from pipeline import validation
 from pipeline import workdir_lock
@@ -82,7 +83,7 @@ def _train_and_evaluate(config, plan, extra_actions):
       trainer, eval_data, data.eval_steps(plan.source, batch),
       int(round(plan.steps_per_epoch * config.eval_every_epochs)),
       eval_writer, listeners=[keep_best] if keep_best else [])
-  preemption = preemption_lib.SaveOnPreemption(
+  save_on_stop = preemption_lib.SaveOnStop(
       checkpointer, workdir,
       strategy=strategy if hardware.num_workers > 1 else None)
   window = validation.profile_window(config.profile_steps)
@@ -91,22 +92,23 @@ def _train_and_evaluate(config, plan, extra_actions):
                              plan.backend)
              if window and hardware.is_chief else None)
   try:
-    run_loop(trainer, iter(train_data), plan, initial_step, [
-        *extra_actions,
-        *([profile] if profile else []),
-        progress,
-        actions.RecoverFromDivergence(
-            trainer, checkpointer, config.recovery_max_trials,
-            config.recovery_max_skipped_executions),
-        preemption,
-        actions.SaveCheckpoints(checkpointer, config.checkpoint_every_steps,
-                                train_writer, workdir),
-        evaluate,
-    ])
+    with stopping.armed(resume_hint='rerun the same command to resume from '
+                        f'the last checkpoint committed to {workdir.url}'):
+      run_loop(trainer, iter(train_data), plan, initial_step, [
+          *extra_actions,
+          *([profile] if profile else []),
+          progress,
+          actions.RecoverFromDivergence(
+              trainer, checkpointer, config.recovery_max_trials,
+              config.recovery_max_skipped_executions),
+          save_on_stop,
+          actions.SaveCheckpoints(checkpointer, config.checkpoint_every_steps,
+                                  train_writer, workdir),
+          evaluate,
+      ])
     final_eval = evaluate.run(plan.total_steps)
     checkpointer.wait()
   finally:
-    preemption.close()
     if profile:
       profile.close()
 

@@ -5,6 +5,7 @@ test in this process can build a real MirroredStrategy over 2 replicas.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -106,18 +107,53 @@ def tree_digest(root):
   return digest.hexdigest()
 
 
-def sigterm_once_it_prints(process, text):
+def signal_once_it_prints(process, text, signum=signal.SIGTERM, group=False,
+                          times=1):
   """Reads `process`'s stderr until a line holds `text`, then sends it
-  SIGTERM (a preemption); returns what was read (the rest stays in the
-  pipe)."""
-  import signal  # pylint: disable=g-import-not-at-top
+  `signum` `times` times, 50 ms apart (to its whole process group if
+  `group`, as a terminal's Ctrl-C or a VM's shutdown does: start it with
+  process_group=0); returns what was read (the rest stays in the pipe)."""
   lines = []
   while not any(text in line for line in lines):
     line = process.stderr.readline()
     assert line or process.poll() is None, ''.join(lines)[-3000:]
     lines.append(line)
-  process.send_signal(signal.SIGTERM)
+  for i in range(times):
+    if i:
+      time.sleep(0.05)
+    if group:
+      os.killpg(process.pid, signum)
+    else:
+      process.send_signal(signum)
   return ''.join(lines)
+
+
+def console_filter_of(process):
+  """The process id of a launcher's console filter (its child process that
+  filters native stderr lines), once it has started."""
+  def children():
+    with open(f'/proc/{process.pid}/task/{process.pid}/children') as f:
+      return [int(p) for p in f.read().split()]
+  deadline = time.time() + 60
+  while not children():
+    assert time.time() < deadline and process.poll() is None
+    time.sleep(0.05)
+  return children()[0]
+
+
+def wait_until_gone(pid, bound_s):
+  """Waits until process `pid` has ended (or is a zombie nobody reaped
+  yet), failing after `bound_s`."""
+  deadline = time.time() + bound_s
+  while True:
+    try:
+      with open(f'/proc/{pid}/stat') as f:
+        if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+          return
+    except FileNotFoundError:
+      return
+    assert time.time() < deadline, f'process {pid} still runs after {bound_s} s'
+    time.sleep(0.1)
 
 
 def check_tflite_agrees_with_the_saved_model(export_dir, atol):

@@ -250,11 +250,11 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
   from absl import logging  # pylint: disable=g-import-not-at-top
   from pipeline import actions  # pylint: disable=g-import-not-at-top
   from pipeline import preemption as preemption_lib  # pylint: disable=g-import-not-at-top
-  from pipeline.errors import Preempted  # pylint: disable=g-import-not-at-top
+  from pipeline import stopping  # pylint: disable=g-import-not-at-top
 
   workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(1.0)
-  preemption = preemption_lib.SaveOnPreemption(
+  save_on_stop = preemption_lib.SaveOnStop(
       Checkpointer(workdir, 1, True, value=value), workdir)
   read_end, write_end = os.pipe()
   stream = os.fdopen(write_end, 'w', buffering=1)  # As the launchers' is.
@@ -267,24 +267,28 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
     while os.read(read_end, 1 << 16):
       pass
 
-  drainer = threading.Thread(target=signal_then_drain)
-  drainer.start()
-  real_stderr, sys.stderr = sys.stderr, stream  # Where logging's errors go.
-  try:
-    start = time.time()
-    for _ in range(20_000):  # Far more than a pipe holds.
-      logging.warning('a line of the run')
-    assert time.time() - start > 0.9  # It blocked until the drain.
-  finally:
-    sys.stderr = real_stderr
-    logging.get_absl_logger().removeHandler(log_to_pipe)
-    stream.close()
-    drainer.join()
-    os.close(read_end)
-  assert preemption.raised
-  with pytest.raises(Preempted, match='checkpoint of step 8 committed'):
-    preemption(actions.Execution(4, 8, 100, 1.0, {}))
+  previous = signal.getsignal(signal.SIGTERM)
+  with stopping.armed():
+    drainer = threading.Thread(target=signal_then_drain)
+    drainer.start()
+    real_stderr, sys.stderr = sys.stderr, stream  # Where logging's errors go.
+    try:
+      start = time.time()
+      for _ in range(20_000):  # Far more than a pipe holds.
+        logging.warning('a line of the run')
+      assert time.time() - start > 0.9  # It blocked until the drain.
+    finally:
+      sys.stderr = real_stderr
+      logging.get_absl_logger().removeHandler(log_to_pipe)
+      stream.close()
+      drainer.join()
+      os.close(read_end)
+    assert stopping.requested() == signal.SIGTERM
+    with pytest.raises(stopping.Stopped,
+                       match='preempted: SIGTERM: checkpoint of step 8 '
+                       'committed') as stopped:
+      save_on_stop(actions.Execution(4, 8, 100, 1.0, {}))
+  assert stopped.value.exit_status == 143
   assert tf.train.latest_checkpoint(str(tmp_path / 'run' / 'checkpoints')
                                     ).endswith('ckpt-8')
-  preemption.close()
-  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+  assert signal.getsignal(signal.SIGTERM) == previous

@@ -14,6 +14,7 @@ it to .venv/bin/python): the JAX run's checkpoint is then evaluated there.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,10 +26,14 @@ from conftest import check_exports_agree
 from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import run_module
 from conftest import run_train
-from conftest import sigterm_once_it_prints
+from conftest import console_filter_of
+from conftest import signal_once_it_prints
+from conftest import wait_until_gone
 
 pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
                     'environment (requirements-jax-test.txt)')
+
+from pipeline import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
 
@@ -202,10 +207,23 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
     (['--xla=off'], '--xla=off: JAX compiles every program with XLA'),
     (['--backend=auto', '--tpu=local'], '--tpu=local: JAX finds no TPU on '
      'this host'),
+    # Hardware settings only TensorFlow honours, or hardware not there.
+    (['--gpus=3'], "--gpus=3: '3' is not a visible GPU; visible GPUs: none"),
+    (['--collective=ring'], "--collective=ring picks TensorFlow's "
+     'all-reduce; on the JAX backend XLA chooses the collectives'),
+    (['--tpu_runtime_version=2.12.0'], '--tpu_runtime_version=2.12.0 applies '
+     'to TPU Nodes, which TensorFlow drives'),
+    (['TF_CONFIG'], 'TF_CONFIG joins TensorFlow workers; on the JAX backend '
+     'hosts join through JAX_COORDINATOR_ADDRESS'),
 ])
 def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
                                              tmp_path):
-  result = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run', *flags)
+  env = {}
+  if flags == ['TF_CONFIG']:  # Without --dry_run: the run itself stops.
+    flags, env = [], {'TF_CONFIG': '{bad'}
+  else:
+    flags = ['--dry_run', *flags]
+  result = run_train(*_args(tmp_path / 'run', tfds_dir), *flags, env=env)
   assert result.returncode == 1
   lines = result.stderr.strip().splitlines()
   assert lines[-1].startswith('error: ') and message in lines[-1], lines[-5:]
@@ -237,12 +255,46 @@ def test_compare_passes_the_backend_to_its_runs(tfds_dir, tmp_path):
   assert '--policy=mixed_float16 runs on --backend=tensorflow only' in log
 
 
-def test_two_hosts_stop_together_on_sigterm_to_one_and_resume(tfds_dir,
-                                                             tmp_path):
+def test_a_run_stops_on_ctrl_c_and_on_sigterm_to_its_group_and_resumes(
+    tfds_dir, tmp_path):
+  """As tests/test_stopping.py does on TensorFlow: each run in a process
+  group of its own, the signal sent to the whole group (the run and its
+  console filter), as a terminal and a VM's shutdown send it."""
+  args = _args(tmp_path / 'run', tfds_dir,
+               '--config.examples_per_epoch=3200')  # 100 steps.
+
+  def stop_with(signum):
+    run = subprocess.Popen([sys.executable, '-m', 'launch.train', *args],
+                           cwd=REPO, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, process_group=0)
+    console_filter = console_filter_of(run)
+    head = signal_once_it_prints(run, '(epoch ', signum, group=True)
+    output = head + run.communicate(timeout=600)[1]
+    wait_until_gone(console_filter, stopping.EXIT_BOUND_S)
+    assert 'Traceback' not in output, output[-3000:]
+    return run.returncode, output
+
+  code, output = stop_with(signal.SIGINT)
+  assert code == 130, output[-3000:]
+  first = int(re.search(r'\nstopped: Ctrl-C: checkpoint of step (\d+) '
+                        'committed', output).group(1))
+  assert f'Ctrl-C: saving a checkpoint at step {first}' in output
+
+  code, output = stop_with(signal.SIGTERM)
+  assert code == 143, output[-3000:]
+  assert f'Resuming at step {first} of 100' in output
+  second = int(re.search(r'\npreempted: SIGTERM: checkpoint of step (\d+) '
+                         'committed', output).group(1))
+  assert second > first
+
+
+def test_two_hosts_stop_together_on_sigterm_and_resume(tfds_dir, tmp_path):
   """A pod slice's hosts, stood in for by two processes of one CPU device
-  each, joined by jax.distributed over loopback (gloo collectives). SIGTERM
-  to the second host stops both at one step (the stop flag is gathered at
-  every execution boundary), both exit resumably, and both restarted
+  each (each in a process group of its own, as on its own VM), joined by
+  jax.distributed over loopback (gloo collectives). SIGTERM to the second
+  host's group stops both at one step (the requests are gathered at every
+  execution boundary); restarted, SIGTERM to every group at once (every
+  VM shutting down) stops both at one step again; restarted again, both
   finish the run with equal weights."""
   workdir = tmp_path / 'run'
 
@@ -250,40 +302,60 @@ def test_two_hosts_stop_together_on_sigterm_to_one_and_resume(tfds_dir,
     port = _free_port()
     return [subprocess.Popen(
         [sys.executable, '-m', 'launch.train',
-         *_args(workdir, tfds_dir, '--config.ema_decay=0', devices=1)],
+         *_args(workdir, tfds_dir, '--config.ema_decay=0',
+                '--config.examples_per_epoch=640', devices=1)],  # 20 steps.
         cwd=REPO, env=dict(os.environ, JAX_NUM_PROCESSES='2',
                            JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
                            JAX_PROCESS_ID=str(i)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        process_group=0)
             for i in range(2)]
 
+  def stopped_step(processes, outputs):
+    steps = []
+    for process, output in zip(processes, outputs):
+      assert process.returncode == 143, output[-3000:]
+      assert 'with DataParallel, 2 replica(s) over 2 worker(s)' in output
+      assert 'Traceback' not in output, output[-3000:]
+      found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)',
+                        output)
+      assert found, output[-3000:]
+      steps.append(int(found.group(1)))
+    assert steps[0] == steps[1], steps
+    return steps[0]
+
   processes = start()
-  head = sigterm_once_it_prints(processes[1], 'First execution')
+  head = signal_once_it_prints(processes[1], 'First execution', group=True)
   outputs = [p.communicate(timeout=600)[1] for p in processes]
   outputs[1] = head + outputs[1]
-  steps = []
-  for process, output in zip(processes, outputs):
-    assert process.returncode == 143, output[-3000:]
-    assert 'with DataParallel, 2 replica(s) over 2 worker(s)' in output
-    found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)', output)
-    assert found, output[-3000:]
-    steps.append(int(found.group(1)))
-  assert steps[0] == steps[1] and 4 <= steps[0] < 10, steps
+  first = stopped_step(processes, outputs)
+  assert 4 <= first < 20
   assert 'Another worker got SIGTERM' in outputs[0]
+
+  processes = start()
+  head = signal_once_it_prints(processes[0], 'First execution', group=True)
+  os.killpg(processes[1].pid, signal.SIGTERM)
+  outputs = [p.communicate(timeout=600)[1] for p in processes]
+  outputs[0] = head + outputs[0]
+  for output in outputs:
+    assert f'Resuming at step {first} of 20' in output
+    assert 'This run got SIGTERM' in output
+  second = stopped_step(processes, outputs)
+  assert first < second < 20
 
   processes = start()
   outputs = [p.communicate(timeout=600)[1] for p in processes]
   for process, output in zip(processes, outputs):
     assert process.returncode == 0, output[-3000:]
-    assert f'Resuming at step {steps[0]} of 10' in output
+    assert f'Resuming at step {second} of 20' in output
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert (metrics['num_workers'], metrics['num_replicas']) == (2, 2)
-  assert metrics['initial_step'] == steps[0]
+  assert metrics['initial_step'] == second
   digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
   assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
-  # Only the first host wrote: its log holds both starts, one end.
+  # Only the first host wrote: its log holds three starts, one end.
   log = (workdir / 'run.log').read_text()
-  assert log.count('] Run: ') == 2 and log.count('] Done: ') == 1
+  assert log.count('] Run: ') == 3 and log.count('] Done: ') == 1
 
 
 def _free_port():

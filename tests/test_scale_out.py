@@ -8,6 +8,7 @@ together under MultiWorkerMirroredStrategy.
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_train, sigterm_once_it_prints, tiny_args
+from conftest import REPO, run_train, signal_once_it_prints, tiny_args
 from configs import default
 from pipeline import devices
 from pipeline import plan as plan_lib
@@ -289,10 +290,12 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path, tfds_dir):
-  """Preemption of the non-chief: the stop flag is all-reduced at every
-  execution boundary, so both save at one step and exit resumably; a
-  restart of both resumes from the chief's checkpoint."""
+def test_sigterm_to_one_worker_or_all_stops_both_at_the_same_step(tmp_path,
+                                                                tfds_dir):
+  """Preemption of the non-chief (SIGTERM to its process group), then of
+  every worker at once (each VM shutting down): the requests are
+  all-reduced at every execution boundary, so both save at one step and
+  exit resumably; a restart of both resumes from the chief's checkpoint."""
   ports = [_free_port(), _free_port()]
   workdir = tmp_path / 'run'
 
@@ -302,27 +305,45 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path, tfds_dir):
          *tiny_args(str(workdir), tfds_dir, f'--config.epochs={epochs}',
                     '--config.checkpoint_every_steps=1000')],
         cwd=REPO, env=dict(os.environ, TF_CONFIG=_tf_config(ports, i)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        process_group=0)
             for i in range(2)]
 
+  def stopped_step(processes, outputs):
+    steps = []
+    for process, output in zip(processes, outputs):
+      assert process.returncode == 143, output[-3000:]
+      assert 'Traceback' not in output, output[-3000:]
+      found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)',
+                        output)
+      assert found, output[-3000:]
+      steps.append(int(found.group(1)))
+    assert steps[0] == steps[1], steps
+    assert os.path.exists(workdir / 'checkpoints' / f'ckpt-{steps[0]}.index')
+    return steps[0]
+
   processes = start(epochs=40)
-  head = sigterm_once_it_prints(processes[1], 'First execution')
+  head = signal_once_it_prints(processes[1], 'First execution', group=True)
   outputs = [p.communicate(timeout=300)[1] for p in processes]
   outputs[1] = head + outputs[1]
-  steps = []
-  for process, output in zip(processes, outputs):
-    assert process.returncode == 143, output[-3000:]
-    found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)', output)
-    assert found, output[-3000:]
-    steps.append(int(found.group(1)))
-  assert steps[0] == steps[1] and 4 <= steps[0] < 24
+  first = stopped_step(processes, outputs)
+  assert 4 <= first < 24
   assert 'Another worker got SIGTERM' in outputs[0]
-  assert os.path.exists(workdir / 'checkpoints' / f'ckpt-{steps[0]}.index')
 
-  processes = start(epochs=3)  # 24 steps: the rest of a shorter run.
+  processes = start(epochs=40)
+  head = signal_once_it_prints(processes[0], 'First execution', group=True)
+  os.killpg(processes[1].pid, signal.SIGTERM)
+  outputs = [p.communicate(timeout=300)[1] for p in processes]
+  outputs[0] = head + outputs[0]
+  for output in outputs:
+    assert f'Resuming at step {first} of 320' in output
+  second = stopped_step(processes, outputs)
+  assert first < second < 48
+
+  processes = start(epochs=6)  # 48 steps: the rest of a shorter run.
   outputs = [p.communicate(timeout=600)[1] for p in processes]
   for process, output in zip(processes, outputs):
     assert process.returncode == 0, output[-3000:]
-    assert f'Resuming at step {steps[0]} of 24' in output
+    assert f'Resuming at step {second} of 48' in output
   metrics = json.loads((workdir / 'metrics.json').read_text())
-  assert metrics['train_steps'] == 24 - steps[0]
+  assert metrics['train_steps'] == 48 - second
