@@ -19,6 +19,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from pipeline import stopping
 from pipeline import tpu_runtime
 from pipeline.backend import installed
 from pipeline.errors import UserError
@@ -247,6 +248,9 @@ def _multi_worker(collective, timeout_s):
       implementation=COLLECTIVES[collective], timeout_seconds=timeout_s)
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=options)
+  # Its coordination service may take SIGTERM in native code, as
+  # jax.distributed's does: SIGTERM and Ctrl-C are the run's own.
+  stopping.reclaim()
   resolver = strategy.cluster_resolver
   num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
   is_chief = (task_type == 'chief' or

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec
 import tensorflow as tf
 
 from pipeline import devices
+from pipeline import stopping
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 
@@ -149,6 +150,9 @@ def resolve(request):
   if num_cpu_devices > 1:
     jax.config.update('jax_num_cpu_devices', num_cpu_devices)
   _initialize_hosts()
+  # jax.distributed's preemption notifier has just taken SIGTERM in native
+  # code: SIGTERM and Ctrl-C are the run's own (pipeline/stopping.py).
+  stopping.reclaim()
   found = jax.devices()
   if request.gpus:
     found = _select_gpus(request.gpus, found)

@@ -5,12 +5,11 @@ A request that arrives while work can stop cleanly (`with armed(): ...`:
 the training loop, launch.evaluate --follow, launch.compare waiting on a
 run) is only recorded; that work asks `requested()` at its next boundary,
 keeps what it must (a committed checkpoint) and raises `Stopped`
-(pipeline/errors.py), which a
-launcher turns into one line and exit status 128 + the signal's number
-(143 for SIGTERM, 130 for Ctrl-C), as a shell reports a process the signal
-ended. A second request, or one that arrives when nothing could be kept
-(start-up, the final export), stops the process at once with one line and
-that status. Checkpoints commit atomically (pipeline/checkpoint.py), so
+(pipeline/errors.py), which a launcher turns into one line and exit status
+128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C), as a shell
+reports a process the signal ended. A second request, or one that arrives
+when nothing could be kept (start-up, the final export), stops the process
+at once with one line and that status. Checkpoints commit atomically (pipeline/checkpoint.py), so
 stopping at once leaves the last committed one intact.
 
 Importable without TensorFlow: the launchers call `install()` in their
@@ -59,11 +58,23 @@ def install():
   read_end, write_end = os.pipe()
   os.set_blocking(write_end, False)
   signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-  for signum in SIGNALS:
-    signal.signal(signum, _seen_by_the_watcher)
+  _state.installed = True
+  _set_handlers(_seen_by_the_watcher)
   threading.Thread(target=_watch, args=(read_end,), daemon=True,
                    name='stop-requests').start()
-  _state.installed = True
+
+
+def reclaim():
+  """After install(): installs the handlers again, over any a library put
+  in since in native code (jax.distributed's preemption notifier takes
+  SIGTERM); from the main thread."""
+  if _state.installed:
+    _set_handlers(_seen_by_the_watcher)
+
+
+def _set_handlers(handler):
+  """Python's handlers before."""
+  return {signum: signal.signal(signum, handler) for signum in SIGNALS}
 
 
 def _seen_by_the_watcher(signum, frame):
@@ -84,8 +95,12 @@ def requested():
 
 def _handle(signum, frame):
   # Where install() did not run (a notebook, a test calling the library):
-  # Python's handler, in the main thread, between bytecodes.
+  # Python's handler, in the main thread, between bytecodes. A Ctrl-C that
+  # stops at once is Python's own KeyboardInterrupt there: the process is
+  # the caller's, not ours to end.
   del frame
+  if signum == signal.SIGINT and (_state.requested or not _state.armed):
+    raise KeyboardInterrupt
   _request(signal.Signals(signum))
 
 
@@ -143,12 +158,13 @@ def armed(resume_hint=''):
 
   Installs the handlers for its duration where it can (the main thread),
   so a notebook or a test that calls the library directly gets the same
-  behaviour as a launcher; they are put back after.
+  behaviour as a launcher, and a handler a library took meanwhile is
+  taken back; they are put back after.
   """
   previous = {}
-  if (not _state.installed and
-      threading.current_thread() is threading.main_thread()):
-    previous = {signum: signal.signal(signum, _handle) for signum in SIGNALS}
+  if threading.current_thread() is threading.main_thread():
+    previous = _set_handlers(_seen_by_the_watcher if _state.installed
+                             else _handle)
   if not _state.armed:
     _state.requested = None
   _state.armed += 1

@@ -192,7 +192,9 @@ def test_the_loss_curve_has_at_most_200_points(total_steps, points):
 def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   """The plan lines under README's "What a run does" against a dry run of
   the same command today: equal, but for the time, the workdir, the free
-  memory and the versions (the TPU build runs this too)."""
+  memory and the versions (the TPU build runs this too). The sample is a
+  CPU's without AMX; on one with AMX the precision line is the one the
+  README gives for it."""
   from conftest import run_train  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'README.md')) as f:
     readme = f.read()
@@ -207,4 +209,10 @@ def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   assert result.returncode == 0, result.stderr[-2000:]
   expected = normal(sample.strip().splitlines())
   assert len(expected) == 10 and expected[0].startswith('Backend: tensorflow')
+  from pipeline import precision  # pylint: disable=g-import-not-at-top
+  if precision.cpu_has_amx():
+    amx = re.search(r'the precision line reads `(Precision: [^`]*)`',
+                    ' '.join(readme.split()))
+    assert amx, 'README gives no precision line for a CPU with AMX'
+    expected[3] = amx.group(1)
   assert normal(result.stderr.splitlines()) == expected

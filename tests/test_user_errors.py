@@ -54,6 +54,9 @@ def _cases(root, tfds_dir):
       ('unknown backend', [work, data, '--dry_run', '--backend=torch'],
        '--backend=torch is not a backend; accepted: auto, tensorflow, jax',
        None),
+      ('JAX hosts on TensorFlow', [work, data, '--dry_run'],
+       'JAX_COORDINATOR_ADDRESS joins hosts on the JAX backend; TensorFlow '
+       'workers join through TF_CONFIG', None),
       ('JAX asked for, not installed', [work, data, '--dry_run',
                                         '--backend=jax'],
        '--backend=jax needs JAX, which is not installed; pip install -r '
@@ -69,11 +72,15 @@ def _cases(root, tfds_dir):
 
 def _env(name, root):
   """A stand-in nvidia-smi on PATH for the GPU case (no driver here); no
-  cached Keras weights and no way out for the offline case."""
+  cached Keras weights and no way out for the offline case; JAX's host
+  settings for a TensorFlow run."""
   if name == 'init_from=imagenet offline':
     return {'KERAS_HOME': str(root / 'keras_home'),
             'HTTPS_PROXY': 'http://127.0.0.1:9', 'https_proxy':
             'http://127.0.0.1:9'}
+  if name == 'JAX hosts on TensorFlow':
+    return {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:1234',
+            'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '0'}
   if name != 'GPUs TensorFlow cannot see':
     return None
   folder = root / 'bin'
@@ -118,7 +125,8 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
   config = default.get_config()
   config.update(data_dir=tfds_dir, image_size=64, global_batch_size=64)
   plan = plan_lib.resolve(
-      config, plan_lib.Request(workdir=str(tmp_path / 'run')),
+      config, plan_lib.Request(workdir=str(tmp_path / 'run'),
+                               policy='float32'),
       devices.Hardware(tf.distribute.get_strategy(), 'CPU', detail='host'))
 
   def exhausted(iterator, num_steps):
@@ -159,7 +167,7 @@ def test_out_of_memory_while_building_is_one_line(tmp_path):
        '--config.dataset=tfrecord', '--config.num_classes=1000000000',
        f'--config.train_files={tmp_path}/train-*',
        f'--config.eval_files={tmp_path}/train-*',
-       '--config.global_batch_size=8'],
+       '--config.global_batch_size=8', '--policy=float32'],
       cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
                                             (limit, limit)))
