@@ -128,6 +128,36 @@ def signal_once_it_prints(process, text, signum=signal.SIGTERM, group=False,
   return ''.join(lines)
 
 
+def sigterm_groups_once_it_prints(processes, text, signalled, timeout=600):
+  """SIGTERM to the process group of each `processes[i]`, i in `signalled`,
+  once the first of them printed `text` (as a shutdown of those machines
+  sends it; each process started with process_group=0); returns every
+  process's stderr once all have ended."""
+  first = signalled[0]
+  head = signal_once_it_prints(processes[first], text, group=True)
+  for i in signalled[1:]:
+    os.killpg(processes[i].pid, signal.SIGTERM)
+  outputs = [p.communicate(timeout=timeout)[1] for p in processes]
+  outputs[first] = head + outputs[first]
+  return outputs
+
+
+def stopped_at_one_step(processes, outputs):
+  """The step at which every one of `processes` (workers or hosts of one
+  run) saved and stopped on SIGTERM: each exited 143 with its one line and
+  no traceback, all at the same step."""
+  import re  # pylint: disable=g-import-not-at-top
+  steps = []
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 143, output[-3000:]
+    assert 'Traceback' not in output, output[-3000:]
+    found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)', output)
+    assert found, output[-3000:]
+    steps.append(int(found.group(1)))
+  assert len(set(steps)) == 1, steps
+  return steps[0]
+
+
 def console_filter_of(process):
   """The process id of a launcher's console filter (its child process that
   filters native stderr lines), once it has started."""

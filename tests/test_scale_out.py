@@ -8,7 +8,6 @@ together under MultiWorkerMirroredStrategy.
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +15,9 @@ import sys
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_train, signal_once_it_prints, tiny_args
+from conftest import REPO, run_train, tiny_args
+from conftest import sigterm_groups_once_it_prints
+from conftest import stopped_at_one_step
 from configs import default
 from pipeline import devices
 from pipeline import plan as plan_lib
@@ -310,31 +311,20 @@ def test_sigterm_to_one_worker_or_all_stops_both_at_the_same_step(tmp_path,
             for i in range(2)]
 
   def stopped_step(processes, outputs):
-    steps = []
-    for process, output in zip(processes, outputs):
-      assert process.returncode == 143, output[-3000:]
-      assert 'Traceback' not in output, output[-3000:]
-      found = re.search(r'preempted: SIGTERM: checkpoint of step (\d+)',
-                        output)
-      assert found, output[-3000:]
-      steps.append(int(found.group(1)))
-    assert steps[0] == steps[1], steps
-    assert os.path.exists(workdir / 'checkpoints' / f'ckpt-{steps[0]}.index')
-    return steps[0]
+    step = stopped_at_one_step(processes, outputs)
+    assert os.path.exists(workdir / 'checkpoints' / f'ckpt-{step}.index')
+    return step
 
   processes = start(epochs=40)
-  head = signal_once_it_prints(processes[1], 'First execution', group=True)
-  outputs = [p.communicate(timeout=300)[1] for p in processes]
-  outputs[1] = head + outputs[1]
+  outputs = sigterm_groups_once_it_prints(processes, 'First execution',
+                                         [1], timeout=300)
   first = stopped_step(processes, outputs)
   assert 4 <= first < 24
   assert 'Another worker got SIGTERM' in outputs[0]
 
   processes = start(epochs=40)
-  head = signal_once_it_prints(processes[0], 'First execution', group=True)
-  os.killpg(processes[1].pid, signal.SIGTERM)
-  outputs = [p.communicate(timeout=300)[1] for p in processes]
-  outputs[0] = head + outputs[0]
+  outputs = sigterm_groups_once_it_prints(processes, 'First execution',
+                                         [0, 1], timeout=300)
   for output in outputs:
     assert f'Resuming at step {first} of 320' in output
   second = stopped_step(processes, outputs)
