@@ -42,8 +42,10 @@ TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
 
 def _args(workdir, tfds_dir, *extra, devices=2):
   """Ten steps of 32 images over 2 devices, 4 per execution (a short last
-  one), a checkpoint every 4, a moving average."""
-  return ('--backend=jax', f'--num_cpu_devices={devices}',
+  one), a checkpoint every 4, a moving average. float32 unless a test asks
+  for another policy (the last --policy wins): `auto` takes mixed_bfloat16
+  on a CPU with AMX, and the tolerances across backends are float32's."""
+  return ('--backend=jax', f'--num_cpu_devices={devices}', '--policy=float32',
           f'--workdir={workdir}',
           f'--config.data_dir={tfds_dir}', '--config.epochs=1',
           '--config.examples_per_epoch=320', '--config.global_batch_size=32',
