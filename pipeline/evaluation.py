@@ -108,43 +108,47 @@ class Evaluator:
     Polls every `poll_s`; stops after `timeout_s` without a new one. A
     checkpoint pruned or damaged while it is read is skipped with one line.
     Scalars go to tensorboard/evaluator, beside the trainer's curves.
-    Returns the reports.
+    Returns the reports. SIGTERM or Ctrl-C stops it between checkpoints
+    (stopping.Stopped, naming those evaluated).
     """
+    with stopping.armed():
+      return self._follow(poll_s, timeout_s, clock)
+
+  def _follow(self, poll_s, timeout_s, clock):
     workdir, total = self.plan.workdir, self.plan.total_steps
     writer = tf.summary.create_file_writer(
         workdir.path('tensorboard', 'evaluator'))
     seen, reports = set(), []
     last_new = clock()
-    with stopping.armed():
-      while True:
-        for step in [s for s in self.checkpointer.committed_steps()
-                     if s not in seen]:
-          _raise_if_asked_to_stop(workdir, reports)
-          seen.add(step)
-          last_new = clock()
-          try:
-            report = self.evaluate(step)
-          except UserError as e:  # Pruned or damaged under our feet.
-            logging.warning('Skipped checkpoint %d: %s', step, e)
-            continue
-          reports.append(report)
-          logging.info('%s', summary_lines(report)[0])
-          with writer.as_default(step=step):
-            for key in ('accuracy', 'loss', 'top5_accuracy'):
-              if report[key] is not None:
-                tf.summary.scalar(key, report[key])
-          writer.flush()
-          workdir.publish('tensorboard/evaluator')
-        if total in seen:
-          logging.info('Evaluated the final step %d; stopping', total)
-          return reports
-        if clock() - last_new > timeout_s:
-          logging.warning('No new checkpoint in %.0f s; stopping (the run is '
-                          'at most at step %s of %d)', timeout_s,
-                          max(seen, default='none'), total)
-          return reports
-        stopping.wait(poll_s)
+    while True:
+      for step in [s for s in self.checkpointer.committed_steps()
+                   if s not in seen]:
         _raise_if_asked_to_stop(workdir, reports)
+        seen.add(step)
+        last_new = clock()
+        try:
+          report = self.evaluate(step)
+        except UserError as e:  # Pruned or damaged under our feet.
+          logging.warning('Skipped checkpoint %d: %s', step, e)
+          continue
+        reports.append(report)
+        logging.info('%s', summary_lines(report)[0])
+        with writer.as_default(step=step):
+          for key in ('accuracy', 'loss', 'top5_accuracy'):
+            if report[key] is not None:
+              tf.summary.scalar(key, report[key])
+        writer.flush()
+        workdir.publish('tensorboard/evaluator')
+      if total in seen:
+        logging.info('Evaluated the final step %d; stopping', total)
+        return reports
+      if clock() - last_new > timeout_s:
+        logging.warning('No new checkpoint in %.0f s; stopping (the run is '
+                        'at most at step %s of %d)', timeout_s,
+                        max(seen, default='none'), total)
+        return reports
+      stopping.wait(poll_s)
+      _raise_if_asked_to_stop(workdir, reports)
 
 
 def _raise_if_asked_to_stop(workdir, reports):
