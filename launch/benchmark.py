@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from pipeline import environment
+from pipeline.run import environment
 
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
@@ -31,12 +31,12 @@ from absl import app
 from absl import flags
 
 from launch import cli
-from pipeline import console
-from pipeline import benchmark
-from pipeline import benchmark_report
-from pipeline import plan
-from pipeline import saved_policy
-from pipeline import storage
+from pipeline.run import console
+from pipeline.reports import benchmark
+from pipeline.reports import benchmark_report
+from pipeline.run import plan
+from pipeline.run import saved_policy
+from pipeline.storage import workdirs
 from pipeline.errors import UserError
 
 _EXECUTIONS = flags.DEFINE_integer(
@@ -54,7 +54,7 @@ _POLICIES = cli.define_policy_list(
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'With --policies on a GPU: keep the fastest policy '
     'for this GPU model and software, so --policy=auto takes it there '
-    '(pipeline/saved_policy.py).')
+    '(pipeline/run/saved_policy.py).')
 _XLA_SETTINGS = flags.DEFINE_list(
     'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try '
     '(off, on).')
@@ -85,7 +85,7 @@ def main(argv):
       result = benchmark.across_backends(_BACKENDS.value, _child_args())
       text = benchmark_report.backends_table(result)
     elif _POLICIES.value:
-      hardware = request.find_hardware()
+      hardware = plan.find_hardware(request)
       if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
         raise UserError('--save_policy keeps a policy for a GPU model; this '
                         f'machine trains on {hardware.device_kind}')
@@ -106,7 +106,7 @@ def main(argv):
   output = _OUTPUT.value or os.path.join(
       'runs', time.strftime('benchmark-%Y%m%d-%H%M%S.json'))
   os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
-  storage.write_json(output, result)
+  workdirs.write_json(output, result)
   print(f'written to {output}')
 
 

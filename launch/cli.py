@@ -2,7 +2,7 @@
 
 Importing this module defines --config (with --config.KEY=VALUE overrides),
 the run flags (hardware, --policy, --xla, --workdir); `request()` turns them
-into a plan.Request. Launchers call pipeline.environment.prepare(sys.argv)
+into a request_lib.Request. Launchers call pipeline.environment.prepare(sys.argv)
 before importing this module: it imports TensorFlow.
 """
 
@@ -15,12 +15,12 @@ import ml_collections
 from ml_collections import config_flags
 import tensorflow as tf
 
-from pipeline import backend
-from pipeline import plan
-from pipeline import precision
-from pipeline import validation
+from pipeline import backends
+from pipeline.run import precision
+from pipeline.run import validation
 from pipeline.errors import UserError
 from pipeline.errors import first_line
+from pipeline.run import request as request_lib
 
 
 def _config_path(argv):
@@ -119,33 +119,33 @@ GPUS = flags.DEFINE_string(
     'gpus', '', "GPUs for the MirroredStrategy, by index or name, e.g. '0,2'; "
     'empty: all visible GPUs.')
 BACKEND = flags.DEFINE_enum(
-    'backend', 'auto', backend.BACKENDS,
+    'backend', 'auto', backends.BACKENDS,
     "Keras' backend: auto picks JAX where a TPU is asked for or attached "
     "and no TensorFlow TPU build is installed, TensorFlow otherwise.")
-POLICY = flags.DEFINE_enum('policy', plan.Request.policy, precision.POLICIES,
+POLICY = flags.DEFINE_enum('policy', request_lib.Request.policy, precision.POLICIES,
                            'Precision policy; auto picks one per device.')
-XLA = flags.DEFINE_enum('xla', plan.Request.xla, ['auto', 'on', 'off'],
+XLA = flags.DEFINE_enum('xla', request_lib.Request.xla, ['auto', 'on', 'off'],
                         'XLA compilation of the training step.')
 COLLECTIVE = flags.DEFINE_enum(
-    'collective', plan.Request.collective, ['auto', 'ring', 'nccl'],
+    'collective', request_lib.Request.collective, ['auto', 'ring', 'nccl'],
     'All-reduce implementation across workers (TF_CONFIG runs): auto picks '
     'NCCL on GPUs, ring otherwise.')
 COLLECTIVE_TIMEOUT_S = flags.DEFINE_float(
-    'collective_timeout_s', plan.Request.collective_timeout_s,
+    'collective_timeout_s', request_lib.Request.collective_timeout_s,
     'A collective that waits longer for another worker fails the run.')
 DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Resolve and check everything (hardware, policy, data, '
     'workdir access), print it, and stop before building the model.')
 STAGING_DIR = flags.DEFINE_string(
-    'staging_dir', plan.Request.staging_dir,
+    'staging_dir', request_lib.Request.staging_dir,
     'Local copy of a gs:// workdir: files are written here, then uploaded.')
 NUM_CPU_DEVICES = flags.DEFINE_integer(
-    'num_cpu_devices', plan.Request.num_cpu_devices,
+    'num_cpu_devices', request_lib.Request.num_cpu_devices,
     'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
     'accelerators.')
 WORKDIR_LEASE_S = flags.DEFINE_float(
-    'workdir_lease_s', plan.Request.workdir_lease_s,
+    'workdir_lease_s', request_lib.Request.workdir_lease_s,
     'A gs:// workdir is held by a lease its run renews; one not renewed for '
     'this long has lapsed, and the next run takes it over.')
 ALLOW_CPU = flags.DEFINE_bool(
@@ -197,14 +197,14 @@ def load_config():
 
 
 def request(config, workdir_default=True):
-  """The plan.Request the flags ask for; no workdir if not `workdir_default`
+  """The request_lib.Request the flags ask for; no workdir if not `workdir_default`
   and --workdir is not given."""
   # tf.distribute logs every all-reduce it plans at INFO: noise, not progress.
   tf.get_logger().setLevel('WARNING')
   workdir = WORKDIR.value
   if workdir is None and workdir_default:
     workdir = os.path.join('runs', f'{config.model}_{config.dataset}')
-  return plan.Request(
+  return request_lib.Request(
       workdir=workdir, staging_dir=STAGING_DIR.value, policy=POLICY.value,
       xla=XLA.value, tpu=TPU.value, tpu_zone=TPU_ZONE.value,
       gcp_project=GCP_PROJECT.value,

@@ -14,7 +14,7 @@ comparison.png there; rerunning reuses finished runs and resumes the others.
 
 import sys
 
-from pipeline import environment
+from pipeline.run import environment
 
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
@@ -24,9 +24,9 @@ from absl import flags
 import tensorflow as tf
 
 from launch import cli
-from pipeline import compare
-from pipeline import console
-from pipeline import stopping
+from pipeline.reports import compare
+from pipeline.run import console
+from pipeline.run import stopping
 from pipeline.errors import Stopped
 from pipeline.errors import UserError
 

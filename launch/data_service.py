@@ -8,13 +8,13 @@
   # The trainers:
   python -m launch.train --config.data_service=grpc://DISPATCHER_HOST:5050 ...
 
-Runs until stopped (Ctrl-C or SIGTERM). See pipeline/data_service.py for
+Runs until stopped (Ctrl-C or SIGTERM). See pipeline/data/data_service.py for
 what the run does with the workers' streams.
 """
 
 import sys
 
-from pipeline import environment
+from pipeline.run import environment
 
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
@@ -23,7 +23,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from pipeline import data_service
+from pipeline.data import data_service
 
 _ROLE = flags.DEFINE_enum('role', None, ['dispatcher', 'worker'],
                           'What to start.', required=True)

@@ -20,7 +20,7 @@ with TensorFlow, or the reverse).
 import dataclasses
 import sys
 
-from pipeline import environment
+from pipeline.run import environment
 
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
@@ -30,10 +30,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
-from pipeline import console
-from pipeline import stopping
-from pipeline import evaluation
-from pipeline import plan as plan_lib
+from pipeline.run import console
+from pipeline.run import stopping
+from pipeline.reports import evaluation
+from pipeline.run import plan as plan_lib
 from pipeline.errors import Stopped
 from pipeline.errors import UserError
 
@@ -65,7 +65,7 @@ def main(argv):
     if flags.FLAGS['config'].present:
       raise UserError("launch.evaluate reads the run's config from its "
                       'run.json; change fields with --config.KEY=VALUE')
-    config, policy, trained_on = evaluation.run_config(
+    config, policy, written_as = evaluation.run_config(
         cli.WORKDIR.value, cli.STAGING_DIR.value,
         config_flags.get_override_values(flags.FLAGS['config']))
     request = dataclasses.replace(cli.request(config), trains=False)
@@ -76,7 +76,7 @@ def main(argv):
         raise UserError('--export exports one checkpoint: without --follow')
       evaluation.check_export_name(EXPORT.value)
     plan = plan_lib.resolve(config, request)
-    evaluator = evaluation.Evaluator(config, plan, trained_on)
+    evaluator = evaluation.Evaluator(config, plan, written_as)
     if FOLLOW.value:
       reports = evaluator.follow(POLL_S.value, FOLLOW_TIMEOUT_S.value)
       print(f'followed {plan.workdir.url}: evaluated '

@@ -7,7 +7,7 @@
 
 Useful to feed TPU Nodes (which read only gs://) and for the input benchmark:
 --dataset=photos writes colour photographs of ImageNet-like size instead
-(pipeline/photos.py; --num_examples of them, a tenth as many for eval).
+(pipeline/data/photos.py; --num_examples of them, a tenth as many for eval).
 
   python -m launch.make_tfrecords --dataset=photos --output_dir=/tmp/photos
 """
@@ -19,11 +19,11 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from pipeline import photos
-from pipeline import tfrecords
+from pipeline.data import photos
+from pipeline.data import tfrecords
 
 _DATASET = flags.DEFINE_string(
-    'dataset', 'sklearn_digits', "tfds name, or 'photos' (pipeline/photos.py).")
+    'dataset', 'sklearn_digits', "tfds name, or 'photos' (pipeline/data/photos.py).")
 _NUM_EXAMPLES = flags.DEFINE_integer(
     'num_examples', 2000, "--dataset=photos: training images to write.")
 _DATA_DIR = flags.DEFINE_string('data_dir', '', 'tfds data_dir.')

@@ -12,7 +12,7 @@ import csv
 import json
 import sys
 
-from pipeline import environment
+from pipeline.run import environment
 
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
@@ -20,7 +20,7 @@ environment.prepare(sys.argv)  # Before TensorFlow loads.
 from absl import app
 from absl import flags
 
-from pipeline import predict
+from pipeline.reports import predict
 from pipeline.errors import UserError
 
 MODEL = flags.DEFINE_string('model', None, 'The export folder of a run '

@@ -7,7 +7,7 @@
 
 import sys
 
-from pipeline import environment
+from pipeline.run import environment
 
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
@@ -15,11 +15,11 @@ environment.prepare(sys.argv)  # Before TensorFlow loads.
 from absl import app
 
 from launch import cli
-from pipeline import console
-from pipeline import stopping
-from pipeline import plan as plan_lib
-from pipeline import train
-from pipeline import workdir_lock
+from pipeline.run import console
+from pipeline.run import stopping
+from pipeline.run import plan as plan_lib
+from pipeline.training import loop
+from pipeline.storage import workdir_lock
 from pipeline.errors import Stopped
 from pipeline.errors import UserError
 
@@ -36,7 +36,7 @@ def main(argv):
         workdir_lock.WorkdirLock(plan.workdir).check()
       print('dry run: everything checks out; the run would start')
       return
-    train.train_and_evaluate(config, plan)
+    loop.train_and_evaluate(config, plan)
   except UserError as e:
     sys.exit(f'error: {e}')
   except Stopped as e:  # SIGTERM or Ctrl-C, its checkpoint committed.

@@ -16,7 +16,7 @@ os.environ.setdefault('NO_GCE_CHECK', 'true')
 import pytest  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
-from pipeline import devices
+from pipeline.backends.tensorflow import devices
 
 devices.split_cpu(2)
 
@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='session')
 def tfds_dir(tmp_path_factory):
   """A tfds data_dir with sklearn_digits prepared once per session."""
-  from pipeline import sources  # pylint: disable=g-import-not-at-top
+  from pipeline.data import sources  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   path = str(tmp_path_factory.mktemp('tfds'))
   sources.load_source(ml_collections.ConfigDict(dict(
@@ -193,7 +193,7 @@ def check_tflite_agrees_with_the_saved_model(export_dir, atol):
   bfloat16 SavedModel, to their precision)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
-  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   images = np.random.RandomState(1).randint(0, 256, (4, 32, 32, 3)).astype(
       np.uint8)
   saved_model = tf.saved_model.load(export_dir)  # Held: it owns the weights.
@@ -208,7 +208,7 @@ def check_tflite_agrees_with_the_saved_model(export_dir, atol):
     interpreter.invoke()
     np.testing.assert_allclose(interpreter.get_tensor(target['index'])[0],
                                probabilities, atol=atol)
-  assert storage.read_json(os.path.join(export_dir, 'metadata.json'))[
+  assert workdirs.read_json(os.path.join(export_dir, 'metadata.json'))[
       'tflite'] == 'model.tflite'
 
 
@@ -216,14 +216,14 @@ def check_exports_agree(export_dir, other_dir, atol):
   """Two exports' SavedModels on the same uint8 images: probabilities within
   `atol`, and the same metadata.json."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   images = np.random.RandomState(2).randint(0, 256, (4, 32, 32, 3)).astype(
       np.uint8)
   saved_models = [tf.saved_model.load(path)  # Held: they own the weights.
                   for path in (export_dir, other_dir)]
   np.testing.assert_allclose(*[m.serve(images).numpy() for m in saved_models],
                              atol=atol)
-  metadata = [storage.read_json(os.path.join(path, 'metadata.json'))
+  metadata = [workdirs.read_json(os.path.join(path, 'metadata.json'))
               for path in (export_dir, other_dir)]
   assert metadata[0] == metadata[1]
 

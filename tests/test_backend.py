@@ -6,7 +6,7 @@ here); each case is the rule a user on that machine meets.
 
 import pytest
 
-from pipeline import backend
+from pipeline import backends
 from pipeline.errors import UserError
 
 
@@ -30,14 +30,14 @@ from pipeline.errors import UserError
 ])
 def test_each_machine_gets_its_backend_and_a_reason(requested, tpu, installed,
                                                      attached, expected):
-  name, reason = backend.choose(requested, tpu, attached=attached, **installed)
+  name, reason = backends.choose(requested, tpu, attached=attached, **installed)
   assert name == expected
   assert reason and ('--backend' in reason if requested != 'auto'
                      else '--backend' not in reason)
 
 
 def test_auto_on_a_tpu_says_why_it_picked_jax():
-  _, reason = backend.choose('auto', 'local', tensorflow_tpu=False, jax=True,
+  _, reason = backends.choose('auto', 'local', tensorflow_tpu=False, jax=True,
                              attached=False)
   assert reason == ('--tpu=local and no TensorFlow TPU build is installed '
                     '(tensorflow-tpu); Keras runs on JAX')
@@ -56,7 +56,7 @@ def test_auto_on_a_tpu_says_why_it_picked_jax():
 def test_a_backend_that_cannot_run_is_one_line(requested, tpu, installed,
                                                message):
   with pytest.raises(UserError) as raised:
-    backend.choose(requested, tpu, tensorflow_tpu=False, attached=False,
+    backends.choose(requested, tpu, tensorflow_tpu=False, attached=False,
                    **installed)
   assert str(raised.value).startswith(message)
   assert '\n' not in str(raised.value)
@@ -73,16 +73,17 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
                                                     trains, refused,
                                                     tmp_path):
   from configs import default  # pylint: disable=g-import-not-at-top
-  from pipeline import plan  # pylint: disable=g-import-not-at-top
-  from pipeline import storage  # pylint: disable=g-import-not-at-top
+  from pipeline.run import plan  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   resolved = {'backend': trained_on} if trained_on else {}
-  storage.write_json(str(tmp_path / 'run.json'), {
+  workdirs.write_json(str(tmp_path / 'run.json'), {
       'config': {key: config[key] for key in plan.RUN_IDENTITY},
       'resolved': resolved})
-  workdir = storage.Workdir(str(tmp_path), str(tmp_path / 'staging'))
+  workdir = workdirs.Workdir(str(tmp_path), str(tmp_path / 'staging'))
   check = lambda: plan._check_same_run(workdir, config,
-                                       backend_now if trains else None)
+                                       backends.load(backend_now) if trains
+                                       else None)
   if not refused:
     assert check() is True
     return

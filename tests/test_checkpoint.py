@@ -8,14 +8,14 @@ import time
 import pytest
 import tensorflow as tf
 
-from pipeline import storage
-from pipeline.checkpoint import Checkpointer
-from pipeline.checkpoint import UploadError
+from pipeline.storage import workdirs
+from pipeline.storage.checkpoint import Checkpointer
+from pipeline.storage.checkpoint import UploadError
 from pipeline.errors import UserError
 
 
 def _checkpointer(url, staging, keep=2, timeout_s=60.0):
-  workdir = storage.Workdir(url, str(staging), timeout_s=timeout_s)
+  workdir = workdirs.Workdir(url, str(staging), timeout_s=timeout_s)
   value = tf.Variable(0.0)
   return Checkpointer(workdir, keep, True, value=value), value, workdir
 
@@ -92,7 +92,7 @@ def test_a_reader_of_a_gs_workdir_leaves_no_folder_behind(emulator, tmp_path):
   value.assign(7.0)
   saver.save(7)
   saver.wait()
-  workdir = storage.Workdir('gs://runs/read', str(tmp_path / 'b'),
+  workdir = workdirs.Workdir('gs://runs/read', str(tmp_path / 'b'),
                             timeout_s=60.0)
   read = tf.Variable(0.0)
   reader = Checkpointer(workdir, 2, False, value=read)
@@ -107,7 +107,7 @@ def test_a_reader_of_a_gs_workdir_leaves_no_folder_behind(emulator, tmp_path):
 
 def test_missing_bucket_fails_preflight(emulator, tmp_path):
   from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
-  workdir = storage.Workdir('gs://no-such-bucket/run', str(tmp_path))
+  workdir = workdirs.Workdir('gs://no-such-bucket/run', str(tmp_path))
   with pytest.raises(UserError, match=r"bucket 'no-such-bucket' does not exist"):
     workdir.check()
 
@@ -118,7 +118,7 @@ def test_local_io_device_saves_and_restores(tmp_path):
   Only its plumbing can be checked here: no remote TPU host exists on this
   machine to prove the files would otherwise land there.
   """
-  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(3.0)
   saver = Checkpointer(workdir, 2, True, io_device='/job:localhost',
                        value=value)
@@ -139,7 +139,7 @@ def test_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path):
   """A truncated data file (full disk, partial copy): warn, restore the
   next older one, keep the damaged files; none restores: one line."""
   from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
-  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(tf.zeros(1000))
   saver = Checkpointer(workdir, 3, True, value=value)
   for step in (1, 2, 3):
@@ -188,8 +188,8 @@ def test_damaged_committed_checkpoint_on_gcs_is_set_aside(emulator, tmp_path):
 def test_best_checkpoint_is_kept_when_accuracy_falls_late(tmp_path):
   """KeepBest fed the eval results a run would report: the best step's
   weights stay in their own series, beside a rolling one that prunes."""
-  from pipeline import actions  # pylint: disable=g-import-not-at-top
-  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  from pipeline.training import actions  # pylint: disable=g-import-not-at-top
+  workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(0.0)
   rolling = Checkpointer(workdir, 1, True, value=value)
   best = actions.KeepBest(
@@ -223,17 +223,17 @@ def test_export_with_the_tpu_node_io_device_loads(tmp_path):
   loads; no remote TPU host exists here to show where files would land."""
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from pipeline import export  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import export  # pylint: disable=g-import-not-at-top
   images = keras.Input((8, 8, 3), dtype='uint8')
   logits = keras.layers.Dense(3)(keras.layers.Flatten()(
       keras.layers.Rescaling(1 / 255)(images)))
-  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   url = export.export_model(keras.Model(images, logits), workdir, True,
                             {'model': 'tiny'}, io_device='/job:localhost')
   loaded = tf.saved_model.load(url)
   probabilities = loaded.serve(np.zeros((2, 8, 8, 3), np.uint8)).numpy()
   np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
-  assert storage.read_json(os.path.join(url, 'metadata.json')) == {
+  assert workdirs.read_json(os.path.join(url, 'metadata.json')) == {
       'model': 'tiny', 'tflite': None}
 
 
@@ -248,11 +248,11 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
-  from pipeline import actions  # pylint: disable=g-import-not-at-top
-  from pipeline import preemption as preemption_lib  # pylint: disable=g-import-not-at-top
-  from pipeline import stopping  # pylint: disable=g-import-not-at-top
+  from pipeline.training import actions  # pylint: disable=g-import-not-at-top
+  from pipeline.training import preemption as preemption_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.run import stopping  # pylint: disable=g-import-not-at-top
 
-  workdir = storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
+  workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(1.0)
   save_on_stop = preemption_lib.SaveOnStop(
       Checkpointer(workdir, 1, True, value=value), workdir)

@@ -15,14 +15,16 @@ import pytest
 from conftest import REPO
 from conftest import run_train
 from conftest import tiny_args
-from pipeline import compile_cache
+from pipeline.backends.tensorflow import compile_cache as tf_compile_cache
+from pipeline import backends
+from pipeline.run import compile_cache
 from pipeline.errors import UserError
 
 # A process that prepares as a launcher does (the project's own code), then
 # runs one XLA-compiled function.
 _COMPILE_ONCE = """
 import sys
-from pipeline import environment
+from pipeline.run import environment
 environment.prepare(['launch/x.py', '--config.compile_cache_dir=' + sys.argv[1]])
 import tensorflow as tf
 f = tf.function(jit_compile=True)(lambda x: tf.nn.relu(x * 2 + 1) @ x)
@@ -47,9 +49,9 @@ def test_a_damaged_entry_is_set_aside_and_compiled_again(tmp_path):
   assert 'result 192.0' in first.stdout
   [entry] = _entries(folder)
   data = (folder / entry).read_bytes()
-  assert compile_cache._readable_program(str(folder / entry))
+  assert tf_compile_cache._readable_program(str(folder / entry))
   (folder / entry).write_bytes(data[:len(data) // 2])  # A torn copy.
-  assert not compile_cache._readable_program(str(folder / entry))
+  assert not tf_compile_cache._readable_program(str(folder / entry))
 
   second = _compile_once(folder)
 
@@ -62,7 +64,7 @@ def test_a_damaged_entry_is_set_aside_and_compiled_again(tmp_path):
   assert os.listdir(folder / 'damaged') == [entry]
   assert _entries(folder) == [entry]
   # Compiled and saved again, whole.
-  assert compile_cache._readable_program(str(folder / entry))
+  assert tf_compile_cache._readable_program(str(folder / entry))
 
 
 def test_a_whole_entry_is_loaded_not_compiled_again(tmp_path):
@@ -84,7 +86,7 @@ def test_autotune_entries_are_checked_as_protobuf_text(tmp_path):
   (autotune / 'a.textproto').write_text(whole)
   (autotune / 'b.textproto').write_text(whole[:len(whole) // 2])
   (autotune / 'c.textproto').write_text('')
-  moved = compile_cache.set_aside_damaged(str(tmp_path))
+  moved = tf_compile_cache.set_aside_damaged(str(tmp_path))
   assert sorted(os.path.basename(p) for p in moved) == ['b.textproto',
                                                        'c.textproto']
   assert os.listdir(autotune) == ['a.textproto']
@@ -119,7 +121,7 @@ def test_a_folder_that_cannot_be_written_turns_the_cache_off(tmp_path,
 def test_where_the_cache_goes(setting, backend, gpus, accelerator, environ,
                               directory, variables):
   versions = 'jax-0.10.2' if backend == 'jax' else 'tf-2.21.0'
-  settings = compile_cache.choose(setting, backend, environ, gpus,
+  settings = compile_cache.choose(setting, backends.load(backend), environ, gpus,
                                   accelerator, versions)
   root = compile_cache.root()
   assert settings.directory == (directory and directory.format(root=root))
@@ -130,7 +132,7 @@ def test_where_the_cache_goes(setting, backend, gpus, accelerator, environ,
 def test_a_cache_in_the_cloud_is_refused():
   with pytest.raises(UserError, match='compile_cache_dir=gs://b/x: a local '
                      'folder, or off'):
-    compile_cache.choose('gs://b/x', 'tensorflow', {}, [], False, 'tf')
+    compile_cache.choose('gs://b/x', backends.load('tensorflow'), {}, [], False, 'tf')
 
 
 def test_the_setting_comes_from_the_command_line(tfds_dir, tmp_path):

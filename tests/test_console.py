@@ -102,7 +102,7 @@ def test_real_tensorflow_warnings_still_show(tmp_path):
   script.write_text(
       'import sys\n'
       f'sys.path.insert(0, {REPO!r})\n'
-      'from pipeline import environment\n'
+      'from pipeline.run import environment\n'
       '# What a launcher run as a program does before TensorFlow loads.\n'
       'environment.prepare(sys.argv)\n'
       'environment.filter_native_stderr()\n'
@@ -154,7 +154,7 @@ def test_native_lines_about_the_run_go_to_the_log_file_only(tmp_path):
   script.write_text(
       'import os, sys\n'
       f'sys.path.insert(0, {REPO!r})\n'
-      'from pipeline import environment\n'
+      'from pipeline.run import environment\n'
       'environment.prepare(sys.argv)\n'
       'environment.filter_native_stderr()\n'
       'import tensorflow as tf\n'
@@ -182,7 +182,7 @@ def test_native_lines_about_the_run_go_to_the_log_file_only(tmp_path):
     (8, 8), (200, 200), (201, 101), (399, 200), (400, 200), (401, 134),
     (218_949, 200)])
 def test_the_loss_curve_has_at_most_200_points(total_steps, points):
-  from pipeline import progress  # pylint: disable=g-import-not-at-top
+  from pipeline.training import progress  # pylint: disable=g-import-not-at-top
   every = progress.curve_every(total_steps)
   steps = [s for s in range(1, total_steps + 1)
            if s % every == 0 or s == total_steps]
@@ -209,7 +209,7 @@ def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   assert result.returncode == 0, result.stderr[-2000:]
   expected = normal(sample.strip().splitlines())
   assert len(expected) == 10 and expected[0].startswith('Backend: tensorflow')
-  from pipeline import precision  # pylint: disable=g-import-not-at-top
+  from pipeline.run import precision  # pylint: disable=g-import-not-at-top
   if precision.cpu_has_amx():
     amx = re.search(r'the precision line reads `(Precision: [^`]*)`',
                     ' '.join(readme.split()))

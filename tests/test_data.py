@@ -14,12 +14,12 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from configs import default
-from pipeline import data
-from pipeline import decode
-from pipeline import cache
-from pipeline import validation
-from pipeline import sources
-from pipeline import tfrecords
+from pipeline.data import inputs
+from pipeline.data import decode
+from pipeline.data import cache
+from pipeline.run import validation
+from pipeline.data import sources
+from pipeline.data import tfrecords
 from pipeline.errors import UserError
 
 
@@ -122,7 +122,7 @@ def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
   with tfds.testing.mock_data(num_examples=24):
     source = sources.load_source(config)
     assert (source.num_classes, source.num_train_examples) == (10, 24)
-    batch = next(iter(data.train_input_fn(config, source, 8)(_context())))
+    batch = next(iter(inputs.train_input_fn(config, source, 8)(_context())))
   images, labels, skipped = batch
   assert images.dtype == tf.uint8 and images.shape == (8, 32, 32, 3)
   assert labels.dtype == tf.int32
@@ -132,7 +132,7 @@ def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
 def test_train_batches_are_uint8_per_replica(tfds_dir):
   config = _config(data_dir=tfds_dir)
   source = sources.load_source(config)
-  fn = data.train_input_fn(config, source, 64)
+  fn = inputs.train_input_fn(config, source, 64)
   images, labels, _ = next(iter(fn(_context(1, 0, replicas=2))))
   assert images.dtype == tf.uint8 and images.shape == (32, 32, 32, 3)
   assert labels.dtype == tf.int32 and labels.shape == (32,)
@@ -143,13 +143,13 @@ def test_train_batches_are_uint8_per_replica(tfds_dir):
 def test_eval_covers_every_example_once(tfds_dir, pipelines):
   config = _config(data_dir=tfds_dir)
   source = sources.load_source(config)
-  fn = data.eval_input_fn(config, source, 64)
+  fn = inputs.eval_input_fn(config, source, 64)
   seen = []
   for index in range(pipelines):
     for images, labels, weights in fn(_context(pipelines, index)):
       seen.extend(zip(images.numpy().reshape(len(labels), -1).sum(1).tolist(),
                       labels.numpy().tolist(), weights.numpy().tolist()))
-  assert len(seen) == data.eval_steps(source, 64) * 64
+  assert len(seen) == inputs.eval_steps(source, 64) * 64
   real = sorted((s, l) for s, l, w in seen if w == 1.0)
   assert len(real) == source.num_eval_examples == 359
   assert len(set(real)) > 350  # Distinct images, not one repeated.
@@ -232,7 +232,7 @@ def test_label_out_of_range_names_the_file(tfrecord_dir):
   root, _ = tfrecord_dir
   config = _tfrecord_config(root, label_offset=0, num_classes=10)
   source = sources.load_source(config)
-  fn = data.train_input_fn(config, source, 8)
+  fn = inputs.train_input_fn(config, source, 8)
   with pytest.raises(tf.errors.InvalidArgumentError) as error:
     for _ in fn(_context()).take(10):
       pass
@@ -262,7 +262,7 @@ def test_augmentation_changes_between_epochs_with_cache(tfrecord_dir):
   config = _tfrecord_config(root, augment='inception', cache='memory',
                             shuffle_buffer=1, deterministic_input=True)
   source = sources.load_source(config)
-  fn = data.train_input_fn(config, source, good)
+  fn = inputs.train_input_fn(config, source, good)
   epochs = iter(fn(_context()))
   first, second = next(epochs)[0].numpy(), next(epochs)[0].numpy()
   assert first.shape == (good, 32, 32, 3)
@@ -274,7 +274,7 @@ def test_file_cache_is_written_and_reused(tfrecord_dir, tmp_path):
   prefix = str(tmp_path / 'cache')
   config = _tfrecord_config(root, cache=prefix)
   source = sources.load_source(config)
-  dataset = data.train_input_fn(config, source, 8)(_context())
+  dataset = inputs.train_input_fn(config, source, 8)(_context())
   # More than two passes: the cache completes, then is read twice.
   skipped = sum(int(tf.reduce_sum(s)) for _, _, s in dataset.take(8))
   assert tf.io.gfile.glob(prefix + '-train-0*')
@@ -285,7 +285,7 @@ def test_without_a_cache_skipped_records_are_counted_each_pass(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root, cache='')
   source = sources.load_source(config)
-  dataset = data.train_input_fn(config, source, 8)(_context())
+  dataset = inputs.train_input_fn(config, source, 8)(_context())
   batches = 3 * good // 8  # Three passes over the 24 good records.
   skipped = sum(int(tf.reduce_sum(s)) for _, _, s in dataset.take(batches))
   # 2 bad records a pass; a count rides on the next good record, so a bad
@@ -305,7 +305,7 @@ def test_file_cache_left_locked_by_a_killed_run_is_written_anew(tfrecord_dir,
   (tmp_path / 'cache-train-0_0.data-00000-of-00001.tempstate123').write_text(
       'partial')
   config = _tfrecord_config(root, cache=prefix)
-  dataset = data.train_input_fn(config, sources.load_source(config), 8)(
+  dataset = inputs.train_input_fn(config, sources.load_source(config), 8)(
       _context())
   assert not tf.io.gfile.glob(prefix + '*.lockfile')
   assert len(list(dataset.take(8))) == 8  # Two passes: written, then read.
@@ -335,7 +335,7 @@ def test_memory_cache_holds_decoded_then_encoded_then_refuses(tfds_dir):
 def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
   config = _config(data_dir=tfds_dir, augment=augment, image_size=32)
   source = sources.load_source(config)
-  images, _, _ = next(iter(data.train_input_fn(config, source, 16)(
+  images, _, _ = next(iter(inputs.train_input_fn(config, source, 16)(
       _context())))
   assert images.dtype == tf.uint8 and images.shape == (16, 32, 32, 3)
 
@@ -345,7 +345,7 @@ def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
 
 @pytest.fixture(scope='module')
 def photos():
-  from pipeline import photos as photo_set  # pylint: disable=g-import-not-at-top
+  from pipeline.data import photos as photo_set  # pylint: disable=g-import-not-at-top
   return list(photo_set.make_jpegs(3))
 
 
@@ -373,7 +373,7 @@ def test_uncached_crops_decode_every_format_and_skip_bad_records(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root, cache='', augment='inception')
   source = sources.load_source(config)
-  dataset = data.train_input_fn(config, source, good)(_context())
+  dataset = inputs.train_input_fn(config, source, good)(_context())
   images, labels, skipped = next(iter(dataset))
   assert images.shape == (good, 32, 32, 3) and images.dtype == tf.uint8
   assert int(tf.reduce_sum(skipped)) == 2, skipped
@@ -400,7 +400,7 @@ def test_cached_and_uncached_runs_see_the_same_crops(tmp_path):
     config = _config(dataset='tfrecord', train_files=str(tmp_path / 'train-*'),
                      eval_files=str(tmp_path / 'train-*'), num_classes=2,
                      image_size=64, augment='inception', cache=setting)
-    dataset = data.train_input_fn(config, sources.load_source(config), 64)(
+    dataset = inputs.train_input_fn(config, sources.load_source(config), 64)(
         _context())
     images = np.concatenate([b[0].numpy() for b in dataset.take(4)])
     red, green = images[..., 0].astype(float), images[..., 1].astype(float)
@@ -421,10 +421,10 @@ def test_encoded_cache_decodes_and_counts_each_pass(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root, cache='memory', augment='inception')
   source = sources.load_source(config)
-  dataset = data.train_input_fn(config, source, 8, cache='encoded')(_context())
+  dataset = inputs.train_input_fn(config, source, 8, cache='encoded')(_context())
   batches = list(dataset.take(3 * good // 8))
   assert all(b[0].shape == (8, 32, 32, 3) for b in batches)
   assert 4 <= sum(int(tf.reduce_sum(b[2])) for b in batches) <= 6
-  evaluation = data.eval_input_fn(config, source, 8, cache='encoded')(
+  evaluation = inputs.eval_input_fn(config, source, 8, cache='encoded')(
       _context())
   assert sum(int(tf.reduce_sum(w)) for _, _, w in evaluation) == 11

@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 
 from configs import default
-from pipeline import data
-from pipeline import data_service
-from pipeline import sources
-from pipeline import tfrecords
+from pipeline.data import inputs
+from pipeline.data import data_service
+from pipeline.data import sources
+from pipeline.data import tfrecords
 from tests.conftest import REPO
 from tests.conftest import run_train
 from tests.conftest import tiny_args
@@ -54,7 +54,7 @@ def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
              for _ in range(2)]
   config = _tfrecord_config(tmp_path, data_service=dispatcher.target)
   source = sources.load_source(config)
-  dataset = data.train_input_fn(config, source, 8, service_job='test')(
+  dataset = inputs.train_input_fn(config, source, 8, service_job='test')(
       tf.distribute.InputContext())
   batches = list(dataset.take(24))
   for images, labels, _ in batches:

@@ -21,11 +21,12 @@ import pytest
 import tensorflow as tf
 
 from configs import default
-from pipeline import devices
-from pipeline import ema as ema_lib
-from pipeline import models
-from pipeline import plan as plan_lib
-from pipeline import train
+from pipeline.run import hardware as devices
+from pipeline.backends.tensorflow import ema as ema_lib
+from pipeline.training import models
+from pipeline.run import plan as plan_lib
+from pipeline.training import loop
+from pipeline.run import request as request_lib
 
 
 class _Stop(Exception):
@@ -45,7 +46,7 @@ def _config(tfds_dir, **fields):
 def _plan(config, workdir):
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
-  return plan_lib.resolve(config, plan_lib.Request(workdir=workdir), hardware)
+  return plan_lib.resolve(config, request_lib.Request(workdir=workdir), hardware)
 
 
 def _backbone(workdir, step, averaged=False):
@@ -75,7 +76,7 @@ def _same(arrays, others):
 def test_fine_tuning_from_a_run_freezes_thaws_and_resumes(tmp_path, tfds_dir):
   source_dir, run_dir = str(tmp_path / 'source'), str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=1, ema_decay=0.9, mixup_alpha=0.2)
-  source = train.train_and_evaluate(config, _plan(config, source_dir))
+  source = loop.train_and_evaluate(config, _plan(config, source_dir))
   assert source['train_steps'] == 4
   assert source['eval_accuracy_raw'] is not None
   averaged = _backbone(source_dir, 4, averaged=True)
@@ -94,14 +95,14 @@ def test_fine_tuning_from_a_run_freezes_thaws_and_resumes(tmp_path, tfds_dir):
   plan = _plan(config, run_dir)
   assert plan.frozen_steps == 8 and plan.total_steps == 12
   with pytest.raises(_Stop):
-    train.train_and_evaluate(config, plan, extra_actions=[stop_at_step_4])
+    loop.train_and_evaluate(config, plan, extra_actions=[stop_at_step_4])
   # The source's moving average arrived, and stays while frozen.
   assert _same(_backbone(run_dir, 2), averaged)
   assert _same(_backbone(run_dir, 4), averaged)
 
   shutil.rmtree(source_dir)  # A resume needs nothing of the source.
   executions.clear()
-  resumed = train.train_and_evaluate(config, _plan(config, run_dir),
+  resumed = loop.train_and_evaluate(config, _plan(config, run_dir),
                                      extra_actions=[executions.append])
   assert resumed['initial_step'] == 4
   assert [(e.first_step, e.step) for e in executions] == [
@@ -117,7 +118,7 @@ def _digits_tfrecords(folder):
   on, and 5-9 (labels 0-4 too) split into a small training set and a
   held-out set."""
   from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  from pipeline import tfrecords  # pylint: disable=g-import-not-at-top
+  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
   digits = datasets.load_digits()
   images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
   order = np.random.RandomState(0).permutation(len(images))
@@ -148,7 +149,7 @@ def test_fine_tuning_beats_training_from_scratch(tmp_path):
   source_dir = str(tmp_path / 'source')
   config = _config('', train_files=files['source'][0],
                    eval_files=files['source'][0], epochs=10, **common)
-  source = train.train_and_evaluate(config, _plan(config, source_dir))
+  source = loop.train_and_evaluate(config, _plan(config, source_dir))
   assert source['eval_accuracy'] > 0.8  # It learned digits 0-4.
 
   results = {}
@@ -156,7 +157,7 @@ def test_fine_tuning_beats_training_from_scratch(tmp_path):
     config = _config('', train_files=files['target'][0],
                      eval_files=files['held_out'][0], epochs=5,
                      init_from=init_from, **common)
-    results[name] = train.train_and_evaluate(
+    results[name] = loop.train_and_evaluate(
         config, _plan(config, str(tmp_path / name)))
     assert results[name]['train_steps'] == 25
   print({name: round(r['eval_accuracy'], 4) for name, r in results.items()})

@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from pipeline import compile_cache
-from pipeline import models
-from pipeline import plan
-from pipeline import precision
-from pipeline import saved_policy
+from pipeline import backends
+from pipeline.backends.tensorflow import xla as tf_xla
+from pipeline.run import compile_cache
+from pipeline.run import request as request_lib
+from pipeline.training import models
+from pipeline.run import plan
+from pipeline.run import precision
+from pipeline.run import saved_policy
 from pipeline.errors import UserError
 
 
@@ -109,11 +112,12 @@ def test_model_outputs_float32_under_every_policy(policy):
 # every Conv2D/MatMul node in the graphs TensorFlow actually ran.
 _REWRITE_PROBE = r'''
 import collections, json, re, sys
-from pipeline import environment
+from pipeline.run import environment
 environment.prepare(['probe', '--policy=rewrite'])  # Before TF loads.
 import keras, numpy as np, tensorflow as tf
 from tensorflow.python.eager import context
-from pipeline import precision, steps
+from pipeline.backends.tensorflow import graph_rewrite, steps
+from pipeline.run import precision
 
 def run_and_list_dtypes():
   keras.utils.set_random_seed(0)
@@ -150,9 +154,9 @@ def run_and_list_dtypes():
           'keras_dtypes': sorted({l.compute_dtype for l in model.layers[1:]})}
 
 result = {'float32': run_and_list_dtypes()}
-result['target'] = precision.enable_graph_rewrite('CPU')
+result['target'] = graph_rewrite.enable_graph_rewrite('CPU')
 result['rewrite'] = run_and_list_dtypes()
-result['onednn'] = precision.onednn_enabled()
+result['onednn'] = graph_rewrite.onednn_enabled()
 print(json.dumps(result))
 '''
 
@@ -197,13 +201,13 @@ def test_rewrite_refuses_tpu_and_xla():
   cpu = _stand_in('CPU')
   gpu = _stand_in('GPU', (9, 0))
   tpu = _stand_in('TPU', replicas=8)
-  assert plan.choose_xla('auto', gpu, 'rewrite')[0] is False
-  assert plan.choose_xla('off', cpu, 'rewrite')[0] is False
-  assert plan.choose_xla('auto', gpu, 'mixed_float16')[0] is True
+  assert tf_xla.choose_xla('auto', gpu, 'rewrite')[0] is False
+  assert tf_xla.choose_xla('off', cpu, 'rewrite')[0] is False
+  assert tf_xla.choose_xla('auto', gpu, 'mixed_float16')[0] is True
   with pytest.raises(UserError, match='--xla=on cannot be combined'):
-    plan.choose_xla('on', gpu, 'rewrite')
+    tf_xla.choose_xla('on', gpu, 'rewrite')
   with pytest.raises(UserError, match='does not run on TPU'):
-    plan.choose_xla('auto', tpu, 'rewrite')
+    tf_xla.choose_xla('auto', tpu, 'rewrite')
 
 
 def _stand_in(device_kind, capability=None, replicas=1):
@@ -274,10 +278,10 @@ def test_each_gpu_gets_its_policy_xla_and_compile_cache_with_the_reason(
   root = compile_cache.root()
   hardware = _stand_in('GPU', capability)
   chosen, policy_reason = precision.choose_policy('auto', 'GPU', capability)
-  xla_on, xla_reason = plan.choose_xla('auto', hardware, chosen,
+  xla_on, xla_reason = tf_xla.choose_xla('auto', hardware, chosen,
                                        tensorflow_version=tf_version)
-  warning = plan.check_cudnn(xla_on, hardware, cudnn_version=cudnn)
-  settings = compile_cache.choose('', 'tensorflow', environ, [gpu], True,
+  warning = tf_xla.check_cudnn(xla_on, hardware, cudnn_version=cudnn)
+  settings = compile_cache.choose('', backends.load('tensorflow'), environ, [gpu], True,
                                   f'tf-{tf_version}-cudnn-{cudnn}')
   assert (chosen, xla_on) == (policy, xla)
   assert settings.directory == os.path.join(root, cache)
@@ -316,12 +320,12 @@ def _h100_sweep():
 def test_a_saved_sweep_for_this_gpu_and_software_wins_over_the_rule(
     tmp_path, monkeypatch):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-  software = compile_cache.versions('tensorflow')
+  software = backends.load('tensorflow').software()
   path = saved_policy.save(_h100_sweep(), H100, software)
-  request = plan.Request(policy='auto')
+  request = request_lib.Request(policy='auto')
   h100 = types.SimpleNamespace(device_kind='GPU', gpu_name=H100,
                                gpu_compute_capability=(9, 0), num_replicas=1)
-  measured = plan._measured(request, h100, 'tensorflow')
+  measured = plan._measured(request, h100, backends.load('tensorflow'))
   resolved = precision.resolve('auto', 'GPU', (9, 0), measured=measured)
   assert (resolved.policy, resolved.loss_scaling) == ('mixed_float16', True)
   assert resolved.reason == (
@@ -333,9 +337,9 @@ def test_a_saved_sweep_for_this_gpu_and_software_wins_over_the_rule(
   assert precision.resolve('mixed_bfloat16', 'GPU', (9, 0),
                            measured=measured).policy == 'mixed_bfloat16'
   a100 = types.SimpleNamespace(**dict(vars(h100), gpu_name='NVIDIA A100'))
-  assert plan._measured(request, a100, 'tensorflow') is None
+  assert plan._measured(request, a100, backends.load('tensorflow')) is None
   assert saved_policy.load(H100, software + '-cudnn-9.30.0.1') is None
-  assert plan._measured(request, h100, 'jax') is None
+  assert plan._measured(request, h100, backends.load('jax')) is None
 
 
 def test_a_damaged_saved_sweep_falls_back_to_the_rule(tmp_path, monkeypatch,
@@ -355,7 +359,7 @@ def test_a_damaged_saved_sweep_falls_back_to_the_rule(tmp_path, monkeypatch,
 ])
 def test_on_jax_a_gpu_gets_bfloat16_or_float32(requested, capability,
                                                 expected):
-  resolved = precision.resolve(requested, 'GPU', capability, backend='jax')
+  resolved = precision.resolve(requested, 'GPU', capability, on_backend=backends.load('jax').policy)
   assert (resolved.policy, resolved.loss_scaling) == (expected, False)
 
 
@@ -363,4 +367,4 @@ def test_on_jax_a_gpu_gets_bfloat16_or_float32(requested, capability,
 def test_on_jax_float16_and_the_rewrite_are_refused(policy):
   with pytest.raises(UserError, match=f'--policy={policy} runs on '
                      '--backend=tensorflow only'):
-    precision.resolve(policy, 'GPU', (9, 0), backend='jax')
+    precision.resolve(policy, 'GPU', (9, 0), on_backend=backends.load('jax').policy)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline import augment
-from pipeline import ema as ema_lib
-from pipeline import finetune
-from pipeline import models
-from pipeline import steps
-from pipeline.checkpoint import Checkpointer
-from pipeline.storage import Workdir
+from pipeline.data import augment
+from pipeline.backends.tensorflow import ema as ema_lib
+from pipeline.training import finetune
+from pipeline.training import models
+from pipeline.backends.tensorflow import steps
+from pipeline.storage.checkpoint import Checkpointer
+from pipeline.storage.workdirs import Workdir
 
 NUM_CLASSES = 4
 BATCH = 8

@@ -19,10 +19,14 @@ from conftest import REPO, run_train, tiny_args
 from conftest import sigterm_groups_once_it_prints
 from conftest import stopped_at_one_step
 from configs import default
-from pipeline import devices
-from pipeline import plan as plan_lib
-from pipeline import storage
+from pipeline import backends
+from pipeline.backends.tensorflow import devices as tf_devices
+from pipeline.run import hardware
+from pipeline.run import plan as plan_lib
+from pipeline.storage import workdirs
 from pipeline.errors import UserError
+from pipeline.run import request as request_lib
+from pipeline.run import schedule
 
 
 def _free_port():
@@ -76,7 +80,7 @@ def test_two_workers_train_together(tmp_path, tfds_dir):
 ])
 def test_bad_tf_config_is_one_line(text, problem):
   with pytest.raises(UserError, match=problem):
-    devices.parse_tf_config(text)
+    tf_devices.parse_tf_config(text)
 
 
 def test_bad_tf_config_from_the_command_line(tmp_path, tfds_dir):
@@ -136,12 +140,12 @@ def test_gpus_that_tensorflow_cannot_see_stop_the_run(tmp_path, monkeypatch):
   monkeypatch.setenv('PATH', _stand_in_nvidia_smi(
       tmp_path / 'bin', 'GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\\n'
       'GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2)\\n'))
-  assert devices.nvidia_gpus() == 2
+  assert hardware.nvidia_gpus() == 2
   with pytest.raises(UserError, match=r'this machine has 2 NVIDIA GPU\(s\) '
                      r'\(nvidia-smi -L\) but TensorFlow .* sees none: .*install '
                      r'requirements-gpu.txt .*or pass --allow_cpu'):
-    devices.resolve()
-  assert devices.resolve(allow_cpu=True).device_kind == 'CPU'
+    tf_devices.resolve()
+  assert tf_devices.resolve(allow_cpu=True).device_kind == 'CPU'
 
 
 def test_no_nvidia_gpus_no_check(tmp_path, monkeypatch):
@@ -149,20 +153,20 @@ def test_no_nvidia_gpus_no_check(tmp_path, monkeypatch):
   device file alone (a driver without nvidia-smi on PATH) counts one GPU."""
   monkeypatch.setenv('PATH', _stand_in_nvidia_smi(tmp_path / 'bin', ''))
   device_file = tmp_path / 'nvidia0'
-  monkeypatch.setattr(devices, 'NVIDIA_DEVICE_FILE', str(device_file))
-  assert devices.nvidia_gpus() == 0
-  assert devices.resolve().device_kind == 'CPU'
+  monkeypatch.setattr(hardware, 'NVIDIA_DEVICE_FILE', str(device_file))
+  assert hardware.nvidia_gpus() == 0
+  assert tf_devices.resolve().device_kind == 'CPU'
   device_file.write_text('')
-  assert devices.nvidia_gpus() == 1
+  assert hardware.nvidia_gpus() == 1
   with pytest.raises(UserError, match=r'this machine has 1 NVIDIA GPU\(s\)'):
-    devices.resolve()
+    tf_devices.resolve()
 
 
 @pytest.mark.parametrize('spec, visible, chosen', [
     ('', _GPUS, [0, 1, 2, 3]), ('', [], []), ('0,2', _GPUS, [0, 2]),
     (' 3 , GPU:1', _GPUS, [3, 1]), ('/device:gpu:2', _GPUS, [2])])
 def test_select_gpus(spec, visible, chosen):
-  assert devices.select_gpus(spec, visible) == chosen
+  assert hardware.select_gpus(spec, visible) == chosen
 
 
 @pytest.mark.parametrize('spec, visible, problem', [
@@ -173,14 +177,14 @@ def test_select_gpus(spec, visible, chosen):
 ])
 def test_select_gpus_refuses_what_is_not_there(spec, visible, problem):
   with pytest.raises(UserError, match=problem):
-    devices.select_gpus(spec, visible)
+    hardware.select_gpus(spec, visible)
 
 
 @pytest.mark.parametrize('requested, kind, steps', [
     (0, 'TPU', 100), (0, 'GPU', 8), (0, 'CPU', 8), (4, 'TPU', 4),
     (1, 'CPU', 1)])
 def test_steps_per_execution_auto_and_explicit(requested, kind, steps):
-  chosen, reason = plan_lib.choose_steps_per_execution(requested, kind)
+  chosen, reason = schedule.choose_steps_per_execution(requested, kind)
   assert chosen == steps
   assert ('auto' in reason) == (requested == 0)
 
@@ -202,21 +206,21 @@ def _config(**fields):
      ["cache='/tmp/cache'"]),
 ])
 def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
-  assert storage.remote_tpu_local_paths(config, workdir) == local
+  assert workdirs.remote_tpu_local_paths(config, workdir) == local
 
 
 def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):
   """plan.resolve() (what the dry run checks) on a TPU Node's Hardware.
 
-  No TPU can exist here: the Hardware is what devices.resolve returns for
+  No TPU can exist here: the Hardware is what tf_devices.resolve returns for
   --tpu=NAME once a TPU answered, over this host's default strategy. The
   check runs before the workdir is touched.
   """
-  hardware = devices.Hardware(tf.distribute.get_strategy(), 'TPU',
-                              tpu_workers_remote=True, detail='TPU Node')
-  request = plan_lib.Request(workdir=str(tmp_path / 'run'))
+  tpu_node = hardware.Hardware(tf.distribute.get_strategy(), 'TPU',
+                               tpu_workers_remote=True, detail='TPU Node')
+  request = request_lib.Request(workdir=str(tmp_path / 'run'))
   with pytest.raises(UserError) as error:
-    plan_lib.resolve(_config(data_dir='gs://b/tfds'), request, hardware)
+    plan_lib.resolve(_config(data_dir='gs://b/tfds'), request, tpu_node)
   assert str(error.value).startswith("a TPU Node's workers run on other hosts "
                                      'and read only gs:// paths; local here: '
                                      f"workdir='{tmp_path}/run'")
@@ -228,7 +232,7 @@ def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):
 def test_unreachable_tpu_fails_in_one_line(tmp_path, tpu):
   """No TPU exists here: each form fails where a real TPU would answer.
 
-  --tpu=local picks its backend first (pipeline/backend.py): TensorFlow's
+  --tpu=local picks its backend first (pipeline/backends/__init__.py): TensorFlow's
   TPU build where it is installed (it then finds no TPU); with neither it
   nor JAX installed, the line says what to install.
   """
@@ -245,7 +249,7 @@ def test_unreachable_tpu_fails_in_one_line(tmp_path, tpu):
 
 
 def _installed(distribution):
-  return devices.installed(distribution) is not None
+  return backends.installed(distribution) is not None
 
 
 @pytest.mark.slow
@@ -260,7 +264,7 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
 
   def start(index, extra=()):
     # TMPDIR: a worker killed with SIGKILL cannot remove its checkpoint
-    # scratch folder (pipeline/checkpoint.py); it stays under tmp_path.
+    # scratch folder (pipeline/storage/checkpoint.py); it stays under tmp_path.
     return subprocess.Popen(
         [sys.executable, '-m', 'launch.train', *args, *extra], cwd=REPO,
         env=dict(os.environ, TF_CONFIG=_tf_config(ports, index),

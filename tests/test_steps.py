@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline import precision
-from pipeline import steps
+from pipeline.run import precision
+from pipeline.backends.tensorflow import steps
 
 NUM_CLASSES = 4
 GLOBAL_BATCH = 8
@@ -222,10 +222,10 @@ def test_float16_divergence_is_seen_through_the_loss_scale(tmp_path):
   skips the step. Executions whose every step is skipped, or a loss scale
   below 1, are: a real LossScaleOptimizer on poisoned (NaN) weights."""
   import math  # pylint: disable=g-import-not-at-top
-  from pipeline import actions  # pylint: disable=g-import-not-at-top
-  from pipeline import storage  # pylint: disable=g-import-not-at-top
-  from pipeline import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  from pipeline.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  from pipeline.training import actions  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
+  from pipeline.backends.tensorflow import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.storage.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
   keras.mixed_precision.set_global_policy('mixed_float16')
   try:
@@ -240,7 +240,7 @@ def test_float16_divergence_is_seen_through_the_loss_scale(tmp_path):
     trainer = trainer_lib.Trainer(model, optimizer, step, train_fn, None,
                                   NUM_CLASSES, 0, 'out of memory')
     checkpointer = Checkpointer(
-        storage.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging')), 2,
+        workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging')), 2,
         True, model=model, optimizer=optimizer, step=step)
     iterator = iter(_dataset(tf.distribute.InputContext()))
     trainer.train(iterator, 2)

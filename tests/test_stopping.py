@@ -21,7 +21,7 @@ from conftest import console_filter_of
 from conftest import signal_once_it_prints
 from conftest import tiny_args
 from conftest import wait_until_gone
-from pipeline import stopping
+from pipeline.run import stopping
 
 # A progress line: training is under way (the first follows the compile).
 _PROGRESS = '(epoch '
@@ -127,7 +127,7 @@ def test_native_lines_reach_the_terminal_after_the_filter_dies(tmp_path):
   the filter where its log is never raises either."""
   script = textwrap.dedent('''
       import os, signal, time
-      from pipeline import environment
+      from pipeline.run import environment
       environment.filter_native_stderr()
       os.write(2, b'through the filter\\n')
       time.sleep(2)  # Passed on before the filter is killed.

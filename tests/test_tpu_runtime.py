@@ -24,8 +24,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_train
-from pipeline import devices
-from pipeline import tpu_runtime
+from pipeline.backends.tensorflow import devices
+from pipeline.backends.tensorflow import tpu_runtime
 from pipeline.errors import UserError
 
 VERSION = tf.__version__

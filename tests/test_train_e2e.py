@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline.errors import UserError
+from pipeline.run import request as request_lib
 
 from conftest import REPO, check_exports_agree, run_module, run_train
 from conftest import tiny_args, tree_digest
@@ -126,9 +127,9 @@ def test_evaluate_reports_the_runs_accuracy(mirrored_run):
   assert os.path.getsize(os.path.join(workdir, 'evaluation',
                                       'held-out-step16.png')) > 1000
   # --checkpoint=5, which is not there: one line listing the committed ones.
-  from pipeline import storage  # pylint: disable=g-import-not-at-top
-  from pipeline.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
-  reader = Checkpointer(storage.Workdir(workdir, workdir), 3, False,
+  from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
+  from pipeline.storage.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  reader = Checkpointer(workdirs.Workdir(workdir, workdir), 3, False,
                         value=tf.Variable(0.0))
   with pytest.raises(UserError, match=r'has no committed checkpoint of step 5'
                      r'; committed: 16$'):
@@ -141,9 +142,9 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
   checkpoint (files of step 20, not in the state file): only the committed
   final checkpoint is evaluated, once, and following stops there."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from pipeline import devices  # pylint: disable=g-import-not-at-top
-  from pipeline import evaluation  # pylint: disable=g-import-not-at-top
-  from pipeline import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.run import hardware as devices  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import evaluation  # pylint: disable=g-import-not-at-top
+  from pipeline.run import plan as plan_lib  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
   shutil.copytree(mirrored_run[0], workdir)
   folder = os.path.join(workdir, 'checkpoints')
@@ -154,7 +155,7 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
   config, policy, _ = evaluation.run_config(workdir, str(tmp_path), {})
   assert policy == 'mixed_bfloat16'
   config.data_dir = tfds_dir
-  plan = plan_lib.resolve(config, plan_lib.Request(workdir=workdir),
+  plan = plan_lib.resolve(config, request_lib.Request(workdir=workdir),
                           devices.Hardware(tf.distribute.get_strategy(),
                                            'CPU', detail='host CPU'))
   evaluator = evaluation.Evaluator(config, plan)
@@ -198,8 +199,8 @@ def test_predict_from_image_files(mirrored_run, tmp_path):
   any size; a corrupt one is skipped with its reason."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  from pipeline import decode  # pylint: disable=g-import-not-at-top
-  from pipeline import predict  # pylint: disable=g-import-not-at-top
+  from pipeline.data import decode  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import predict  # pylint: disable=g-import-not-at-top
   workdir, _ = mirrored_run
   pixels = (np.random.RandomState(0).rand(50, 70, 3) * 255).astype(np.uint8)
   Image.fromarray(pixels).save(tmp_path / 'a.jpg')

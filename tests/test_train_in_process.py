@@ -20,12 +20,13 @@ import tensorflow as tf
 
 from conftest import check_tflite_agrees_with_the_saved_model
 from configs import default
-from pipeline import compare_report
-from pipeline import devices
-from pipeline import plan as plan_lib
-from pipeline import storage
-from pipeline import train
+from pipeline.reports import compare_report
+from pipeline.run import hardware as devices
+from pipeline.run import plan as plan_lib
+from pipeline.storage import workdirs
+from pipeline.training import loop
 from pipeline.errors import UserError
+from pipeline.run import request as request_lib
 
 
 def _config(tfds_dir, **fields):
@@ -54,7 +55,7 @@ def _plan(config, workdir):
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
   return plan_lib.resolve(
-      config, plan_lib.Request(workdir=workdir, policy='float32'), hardware)
+      config, request_lib.Request(workdir=workdir, policy='float32'), hardware)
 
 
 def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
@@ -86,7 +87,7 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
     if execution.first_step == 44 and executions.count(executions[-1]) == 1:
       execution.outputs['loss'] = math.nan  # An injected fault, once.
 
-  metrics = train.train_and_evaluate(config, plan,
+  metrics = loop.train_and_evaluate(config, plan,
                                      extra_actions=[record_and_poison_once])
   assert metrics['eval_accuracy'] > 0.25, metrics['eval_accuracy']
 
@@ -144,10 +145,10 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
     text = log.read()
   assert 'training diverged at step 55 (loss nan): restored' in text
   # run.json is the plan written out; metrics.json what was returned.
-  run = storage.read_json(os.path.join(workdir, 'run.json'))
+  run = workdirs.read_json(os.path.join(workdir, 'run.json'))
   assert run['resolved'] == plan.to_json()
   assert run['resolved']['steps_per_epoch'] == 22
-  assert storage.read_json(os.path.join(workdir, 'metrics.json')) == metrics
+  assert workdirs.read_json(os.path.join(workdir, 'metrics.json')) == metrics
 
 
 # Two whole runs in one workdir (about 3 minutes here): the slow tier keeps
@@ -160,12 +161,12 @@ def test_a_run_that_keeps_diverging_stops_after_n_recoveries(tmp_path,
   the run stops in one line, its last checkpoint untouched."""
   workdir = str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=2)
-  train.train_and_evaluate(config, _plan(config, workdir))
+  loop.train_and_evaluate(config, _plan(config, workdir))
   config = _config(tfds_dir, epochs=3, base_learning_rate=1e35)
   executions = []
   with pytest.raises(UserError, match=r'training diverged at step 10 \(loss '
                      r'nan\) after 2 recoveries \(recovery_max_trials=2\)'):
-    train.train_and_evaluate(config, _plan(config, workdir),
+    loop.train_and_evaluate(config, _plan(config, workdir),
                              extra_actions=[executions.append])
   assert [(e.first_step, e.step) for e in executions] == [(8, 10)] * 3
   state = tf.train.get_checkpoint_state(os.path.join(workdir, 'checkpoints'))

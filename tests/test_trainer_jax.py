@@ -5,7 +5,7 @@ environment); skipped elsewhere. A Dense model compiles in seconds, so
 these check the arithmetic exactly: one SGD step over two devices is one
 step over the whole batch, micro-batches sum to the whole batch, the loop
 runs exactly the steps asked for, the moving average warms up as
-pipeline/ema.py's, and training lowers the loss.
+training/moving_average.py says, and training lowers the loss.
 """
 
 import os
@@ -23,8 +23,10 @@ jax.config.update('jax_num_cpu_devices', 2)
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from pipeline import devices_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-from pipeline import trainer_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.backends.jax import devices as devices_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.backends.jax import programs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.backends.jax import trainer as trainer_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.storage import checkpoint_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CLASSES = 3
 
@@ -40,8 +42,7 @@ def _setup(learning_rate=0.5, ema_decay=0.0):
   optimizer = keras.optimizers.SGD(learning_rate)
   optimizer.build(model.trainable_variables)
   strategy = devices_jax.DataParallel(jax.devices())
-  step = trainer_jax.checkpoint_keras.Variables('step', shapes=[()],
-                                                dtype='int32')
+  step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
   ema = trainer_jax.MovingAverage(model, ema_decay) if ema_decay else None
   state = trainer_jax._state_of(model, optimizer, step, ema, strategy)  # pylint: disable=protected-access
   return model, optimizer, strategy, ema, state
@@ -64,8 +65,8 @@ def test_two_devices_take_the_whole_batch_step():
   assert strategy.num_replicas_in_sync == 2
   kernel, bias = [np.asarray(v) for v in state['trainable']]
   images, labels = _batches(1)
-  program = trainer_jax.train_program(model, optimizer, _config(), CLASSES,
-                                      strategy, None)
+  program = programs.train_program(model, optimizer, _config(), CLASSES,
+                                   strategy, None)
   state, outputs = _run(program, strategy, state, images, labels, 1)
 
   def loss(kernel, bias):
@@ -85,7 +86,7 @@ def test_micro_batches_make_the_same_update():
   whole, micro = [], []
   for accumulation, out in ((1, whole), (2, micro)):
     model, optimizer, strategy, _, state = _setup()
-    program = trainer_jax.train_program(
+    program = programs.train_program(
         model, optimizer, _config(accumulation), CLASSES, strategy, None)
     state, outputs = _run(program, strategy, state, *_batches(3), 3)
     out.extend([np.asarray(state['trainable'][0]), float(outputs['loss'])])
@@ -95,8 +96,8 @@ def test_micro_batches_make_the_same_update():
 
 def test_the_loop_runs_exactly_the_steps_asked_and_learns():
   model, optimizer, strategy, _, state = _setup()
-  program = trainer_jax.train_program(model, optimizer, _config(), CLASSES,
-                                      strategy, None)
+  program = programs.train_program(model, optimizer, _config(), CLASSES,
+                                   strategy, None)
   images, labels = _batches(1)
   repeated = np.repeat(images, 8, 0), np.repeat(labels, 8, 0)
   state, first = _run(program, strategy, state, *repeated, 1)
@@ -114,8 +115,8 @@ def test_the_loop_runs_exactly_the_steps_asked_and_learns():
 def test_the_moving_average_warms_up_as_the_tensorflow_one():
   model, optimizer, strategy, ema, state = _setup(learning_rate=0.1,
                                                   ema_decay=0.99)
-  program = trainer_jax.train_program(model, optimizer, _config(), CLASSES,
-                                      strategy, ema)
+  program = programs.train_program(model, optimizer, _config(), CLASSES,
+                                   strategy, ema)
   start = np.asarray(state['trainable'][0])
   state, _ = _run(program, strategy, state, *_batches(1), 1)
   decay = min(0.99, 2 / 11)  # (1 + n) / (10 + n) after the first update.
@@ -137,10 +138,9 @@ def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.5)
   optimizer.build(model.trainable_variables)
   strategy = devices_jax.DataParallel(jax.devices())
-  step = trainer_jax.checkpoint_keras.Variables('step', shapes=[()],
-                                                dtype='int32')
+  step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
   state = trainer_jax._state_of(model, optimizer, step, None, strategy)  # pylint: disable=protected-access
-  frozen, thawed = [trainer_jax.train_program(
+  frozen, thawed = [programs.train_program(
       model, optimizer, _config(), CLASSES, strategy, None, frozen=phase)
                     for phase in (True, False)]
   assert all(v.trainable for v in model.weights if 'moving' not in v.path)

@@ -12,6 +12,7 @@ import os
 
 from conftest import run_train
 from conftest import tree_digest
+from pipeline.run import request as request_lib
 
 
 def _cases(root, tfds_dir):
@@ -118,14 +119,14 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
   import pytest  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
-  from pipeline import devices  # pylint: disable=g-import-not-at-top
-  from pipeline import plan as plan_lib  # pylint: disable=g-import-not-at-top
-  from pipeline import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.run import hardware as devices  # pylint: disable=g-import-not-at-top
+  from pipeline.run import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from pipeline.backends.tensorflow import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   config.update(data_dir=tfds_dir, image_size=64, global_batch_size=64)
   plan = plan_lib.resolve(
-      config, plan_lib.Request(workdir=str(tmp_path / 'run'),
+      config, request_lib.Request(workdir=str(tmp_path / 'run'),
                                policy='float32'),
       devices.Hardware(tf.distribute.get_strategy(), 'CPU', detail='host'))
 
@@ -135,7 +136,7 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
 
   trainer = trainer_lib.Trainer(
       None, None, None, exhausted, exhausted, 10, 0,
-      trainer_lib.out_of_memory_message(config, plan))
+      plan.out_of_memory_message(config))
   with pytest.raises(UserError) as error:
     trainer.train(None, 4)
   assert str(error.value) == (
@@ -155,7 +156,7 @@ def test_out_of_memory_while_building_is_one_line(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   from conftest import REPO  # pylint: disable=g-import-not-at-top
-  from pipeline import tfrecords  # pylint: disable=g-import-not-at-top
+  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   image = tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy()

@@ -15,9 +15,9 @@ import pytest
 from configs import default
 from conftest import REPO
 from conftest import run_module
-from pipeline import evaluation
-from pipeline import models
-from pipeline import validation
+from pipeline.reports import evaluation
+from pipeline.training import models
+from pipeline.run import validation
 from pipeline.errors import UserError
 
 

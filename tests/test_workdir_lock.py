@@ -23,8 +23,8 @@ from conftest import REPO
 from conftest import run_train
 from conftest import tiny_args
 from conftest import tree_digest
-from pipeline import storage
-from pipeline import workdir_lock
+from pipeline.storage import workdirs
+from pipeline.storage import workdir_lock
 from pipeline.errors import UserError
 
 _HELD = (r'workdir {url} is in use by {host} \(process {pid}\), started '
@@ -33,7 +33,7 @@ _HELD = (r'workdir {url} is in use by {host} \(process {pid}\), started '
 
 
 def _lock(url, staging, lease_s=120.0):
-  return workdir_lock.WorkdirLock(storage.Workdir(url, str(staging),
+  return workdir_lock.WorkdirLock(workdirs.Workdir(url, str(staging),
                                                   lease_s=lease_s))
 
 
@@ -56,8 +56,8 @@ def test_kill_9_releases_a_local_workdir_at_once(tmp_path):
   url = str(tmp_path / 'run')
   holder = subprocess.Popen(
       [sys.executable, '-c',
-       'import sys, time\nfrom pipeline import storage, workdir_lock\n'
-       f'workdir_lock.WorkdirLock(storage.Workdir({url!r}, "/tmp")).acquire()\n'
+       'import sys, time\nfrom pipeline.storage import workdirs, workdir_lock\n'
+       f'workdir_lock.WorkdirLock(workdirs.Workdir({url!r}, "/tmp")).acquire()\n'
        'print("held", flush=True)\ntime.sleep(600)\n'],
       cwd=REPO, stdout=subprocess.PIPE, text=True)
   try:
@@ -133,7 +133,7 @@ def test_two_runs_started_together_on_one_local_workdir(tmp_path, tfds_dir):
   assert 'is in use by' in errors[0]
   # The first run's own results, and a third run on the finished workdir
   # (nothing left to train) leaves them as they are.
-  metrics = storage.read_json(str(workdir / 'metrics.json'))
+  metrics = workdirs.read_json(str(workdir / 'metrics.json'))
   assert metrics['train_steps'] == 16 and metrics['initial_step'] == 0
   checkpoints = tree_digest(str(workdir / 'checkpoints'))
   dry = run_train(*args, '--dry_run', timeout=300)

@@ -11,9 +11,9 @@ import keras
 import pytest
 import tensorflow as tf
 
-from pipeline import models
+from pipeline.training import models
 from conftest import xla_on_cpu
-from pipeline import steps
+from pipeline.backends.tensorflow import steps
 
 NUM_CLASSES, SIZE, BATCH = 10, 32, 4
 

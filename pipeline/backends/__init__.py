@@ -1,0 +1,133 @@
+"""The two Keras backends behind one interface, and the choice between them.
+
+`interface.py` declares what a backend is (`Backend`) and what its trainer
+does (`Trainer`); `tensorflow/` and `jax/` implement it, each holding
+everything that knows which backend runs: hardware and its strategy or
+mesh, the compiled programs, what precision, XLA and the compile cache mean
+there, the checkpoint format it writes, the profiler and the LiteRT writer.
+The rest of the library reads `plan.backend` and calls the interface; only
+this package names a backend. The backends never import each other; they
+may import pipeline.errors, run/ (hardware, precision, stopping), data/
+(decode), training/ (models, optimizers, objective, moving_average) and
+storage/ (checkpoint_files).
+
+Keras reads its backend once, as it is imported, so the launchers call
+`prepare(argv)` (through environment.prepare) before anything imports
+Keras. This module and each backend's `__init__` import no TensorFlow, JAX
+or Keras: the heavy modules load when a trainer or the hardware is built.
+
+TensorFlow drives CPUs, GPUs and the TPUs its TPU build still reaches (TPU
+Nodes, TPU VMs that run a TF 2.20 image). Today's TPUs mostly have no
+TensorFlow TPU build: Colab's TPU runtimes ship JAX and no TensorFlow since
+March 2025, the newest tensorflow-tpu is 2.20.0 (August 2025), and TPU7x
+supports JAX and PyTorch only. There `auto` picks Keras' JAX backend, with
+TensorFlow's CPU build still feeding tf.data.
+"""
+
+import glob
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+
+from pipeline.errors import UserError
+
+BACKENDS = ('auto', 'tensorflow', 'jax')
+JAX_REQUIREMENTS = 'requirements-jax.txt'
+# What a TPU VM's chips show up as: /dev/accel* (v2 to v4), vfio (v5e on).
+_TPU_DEVICE_FILES = ('/dev/accel0', '/dev/vfio/0')
+_chosen = {}
+
+
+def installed(distribution):
+  """The installed version of a pip distribution, or None."""
+  try:
+    return importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def jax_installed():
+  return importlib.util.find_spec('jax') is not None
+
+
+def tpu_attached():
+  """Whether this host has TPU chips (a TPU VM or a Colab TPU runtime)."""
+  return any(os.path.exists(p) for p in _TPU_DEVICE_FILES) or bool(
+      glob.glob('/dev/accel*'))
+
+
+def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None):
+  """Returns (backend, reason) for --backend=`requested` and --tpu=`tpu`.
+
+  The keyword arguments stand in for what is installed and attached
+  (tests); None looks. A one-line UserError for an unknown backend, or for
+  JAX asked for or needed and not installed.
+  """
+  tensorflow_tpu = (bool(installed('tensorflow-tpu')) if tensorflow_tpu is None
+                    else tensorflow_tpu)
+  jax = jax_installed() if jax is None else jax
+  if requested not in BACKENDS:
+    raise UserError(f'--backend={requested} is not a backend; accepted: '
+                    f'{", ".join(BACKENDS)}')
+  if requested == 'jax' and not jax:
+    raise UserError(f'--backend=jax needs JAX, which is not installed; '
+                    f'pip install -r {JAX_REQUIREMENTS}')
+  if requested == 'jax' and tpu and tpu != 'local':
+    raise UserError(f'--backend=jax cannot drive a TPU Node (--tpu={tpu}); '
+                    'JAX runs on the TPU VM itself: --tpu=local there')
+  if requested != 'auto':
+    return requested, f'asked for with --backend={requested}'
+  if tpu and tpu != 'local':
+    return 'tensorflow', ('a TPU Node (--tpu=NAME or grpc://) is driven by '
+                          "TensorFlow's TPU build")
+  attached = tpu_attached() if attached is None else attached
+  if not tpu and not attached:
+    return 'tensorflow', 'no TPU: TensorFlow drives CPUs and GPUs'
+  where = '--tpu=local' if tpu else 'a TPU is attached'
+  if tensorflow_tpu:
+    return 'tensorflow', f"{where} and TensorFlow's TPU build is installed"
+  if not jax:
+    raise UserError(
+        f'{where}, but neither tensorflow-tpu nor JAX is installed; on '
+        f"today's TPUs (Colab, TPU7x): pip install -r {JAX_REQUIREMENTS}")
+  return 'jax', (f'{where} and no TensorFlow TPU build is installed '
+                 '(tensorflow-tpu); Keras runs on JAX')
+
+
+def prepare(requested, tpu):
+  """Chooses the backend and tells Keras, which must not be imported yet."""
+  name, reason = choose(requested or 'auto', tpu or '')
+  os.environ['KERAS_BACKEND'] = name
+  _chosen.update(name=name, reason=reason)
+
+
+def current():
+  """(backend, reason) of this process: what prepare() chose, else Keras'
+  own setting (a test or a notebook that imports the library)."""
+  if _chosen:
+    return _chosen['name'], _chosen['reason']
+  import keras  # pylint: disable=g-import-not-at-top
+  name = keras.backend.backend()
+  return name, f'Keras backend {name} (KERAS_BACKEND)'
+
+
+def load(name):
+  """The Backend called `name` ('tensorflow' or 'jax'); a run's own is
+  `load(current()[0])`, carried by its plan."""
+  if name not in BACKENDS[1:]:
+    raise UserError(f'{name!r} is not a backend; accepted: '
+                    f'{", ".join(BACKENDS[1:])}')
+  return importlib.import_module(f'pipeline.backends.{name}').BACKEND
+
+
+def chosen():
+  """This process's Backend, with the reason it was chosen."""
+  name, reason = current()
+  return load(name), reason
+
+
+def trained_on(resolved):
+  """The Backend a run trained on, from its run.json 'resolved' object (a
+  run from before there were two: TensorFlow)."""
+  return load(resolved.get('backend', 'tensorflow'))

@@ -1,0 +1,113 @@
+"""What a backend is, and what its trainer does: the one seam.
+
+Keras 3 keeps one `Trainer` interface and a trainer per backend
+(keras/src/backend/{tensorflow,jax}/trainer.py); so does this pipeline. The
+training loop, its actions, the evaluator, the benchmark and the export
+call only what is declared here, with plain Python values at the seam (an
+`int` step, floats and numpy arrays out of `train` and `evaluate`).
+"""
+
+import contextlib
+from typing import Callable, Iterable, Optional, Protocol
+
+
+
+class Trainer(Protocol):
+  """A run's model, optimizer and compiled programs on one backend."""
+
+  model: object  # The keras.Model: exported, and loaded by init_from.
+  ema: Optional[object]  # The moving average (reset() restarts it), or None.
+  num_classes: int
+
+  @property
+  def step(self) -> int:
+    """Every step taken so far (skipped ones included)."""
+
+  @property
+  def skipped_steps(self) -> int:
+    """Steps the loss scale skipped (non-finite gradients)."""
+
+  @property
+  def loss_scale(self) -> Optional[float]:
+    """The dynamic loss scale, or None without loss scaling."""
+
+  def learning_rate(self) -> float:
+    """The learning rate of the next step."""
+
+  def train(self, iterator, num_steps: int) -> dict:
+    """Runs `num_steps` steps in one compiled execution; returns floats:
+    loss, accuracy, input_wait_s, skipped_records, and step_losses (numpy).
+    A one-line UserError for what a user can act on (out of memory, a label
+    outside the classes, a worker lost)."""
+
+  def evaluate(self, dataset, num_steps: int) -> dict:
+    """loss, accuracy, top5_accuracy, examples (floats) and the confusion
+    matrix (numpy) over `num_steps` batches; with a moving average those
+    of the averaged weights, and the model's own as *_raw."""
+
+  def exported_weights(self) -> contextlib.AbstractContextManager:
+    """A context in which `model` holds what is exported."""
+
+  def weights_sha256(self) -> str:
+    """SHA-256 of every weight: equal digests mean equal models."""
+
+  def checkpoint_files(self, directory: str, max_to_keep: int,
+                       io_device: Optional[str] = None,
+                       written_as: Optional[str] = None):
+    """The local layer of pipeline.storage.checkpoint.Checkpointer: save,
+    latest, paths, restore. `written_as`: the format of a run trained on
+    another backend (storage.checkpoint_files.TENSORFLOW or KERAS), read
+    only."""
+
+  def read_back(self) -> None:
+    """Takes the model's weights (just loaded into it) as the run's state."""
+
+
+class Backend(Protocol):
+  """A Keras backend as the pipeline uses it."""
+
+  name: str  # 'tensorflow' or 'jax': --backend's value, run.json's record.
+  checkpoint_format: str  # storage.checkpoint_files.TENSORFLOW or KERAS.
+
+  def software(self) -> str:
+    """The versions compiled programs and saved measurements hold for,
+    e.g. 'tf-2.21.0-cudnn-9.28.0.42'."""
+
+  def compile_cache(self, setting: str, environ: dict, gpus: list,
+                    accelerator: bool, versions: str):
+    """run.compile_cache.Settings for compile_cache_dir=`setting`, before
+    TensorFlow or JAX load (`environ` is not changed here)."""
+
+  def check_compile_cache(self, directory: str) -> None:
+    """Readies the cache folder before TensorFlow or JAX load (sets aside
+    entries that would fail the run)."""
+
+  def resolve_hardware(self, request):
+    """The run.hardware.Hardware of this process for a run.request.Request,
+    or a one-line UserError."""
+
+  def policy(self, requested: str, policy: str, reason: str):
+    """(policy, reason): the shared rule's choice, adjusted to what this
+    backend can do, or a one-line UserError for a policy it cannot run."""
+
+  def choose_xla(self, requested: str, hardware, policy: str):
+    """(on, reason) for --xla=auto|on|off."""
+
+  def build_trainer(self, config, plan) -> Trainer:
+    """Sets the policy and the seed and builds the Trainer."""
+
+  def distribute(self, hardware, input_fn: Callable) -> Iterable:
+    """The batches of `input_fn(tf.distribute.InputContext)` as the
+    trainer takes them (iter() gives a fresh pass)."""
+
+  def sum_over_workers(self, hardware) -> Callable:
+    """A function numpy vector -> the element-wise sum of every worker's,
+    which every worker calls at the same step."""
+
+  def profiler(self) -> tuple:
+    """(start(logdir), stop()) of the profiler that writes TensorBoard's
+    Profile tab."""
+
+  def write_tflite(self, weights: list, metadata: dict, path: str,
+                   kind: str) -> None:
+    """A LiteRT model of the float32 network with `weights` at `path`."""

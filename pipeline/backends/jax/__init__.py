@@ -1,0 +1,87 @@
+"""Keras on JAX: today's TPUs (Colab, TPU7x), and any device JAX sees.
+
+One data-parallel mesh over every device of every host (devices.py), one
+jitted program per execution (programs.py) under a Trainer (trainer.py)
+whose state is JAX arrays. Checkpoints are Keras' `.weights.h5` files,
+which a TensorFlow machine reads too. tf.data (TensorFlow's CPU build)
+feeds it. Modules here import JAX; this one does not, so the choice of
+backend stays light.
+"""
+
+import os
+
+from pipeline import backends
+from pipeline.errors import UserError
+from pipeline.run import compile_cache as compile_cache_lib
+
+JAX_CACHE_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
+
+
+class JaxBackend:
+  """The Backend interface on JAX (pipeline/backends/interface.py)."""
+  name = 'jax'
+  checkpoint_format = 'keras'  # storage.checkpoint_files.KERAS
+
+  def software(self):
+    return f'jax-{backends.installed("jaxlib")}'
+
+  def compile_cache(self, setting, environ, gpus, accelerator, versions):
+    del gpus  # JAX keys its entries by device and software itself.
+    if environ.get(JAX_CACHE_VARIABLE):
+      return compile_cache_lib.Settings(setting, environ[JAX_CACHE_VARIABLE],
+                                        f'your {JAX_CACHE_VARIABLE}')
+    if not setting and not accelerator:
+      return compile_cache_lib.off_on_a_cpu(setting)
+    folder = os.path.expanduser(setting) or os.path.join(
+        compile_cache_lib.root(), compile_cache_lib.slug(versions))
+    return compile_cache_lib.Settings(
+        setting, folder, compile_cache_lib.first_run(setting, 'JAX version'),
+        {JAX_CACHE_VARIABLE: folder})
+
+  def check_compile_cache(self, directory):
+    del directory  # JAX passes over an entry it cannot read by itself.
+
+  def resolve_hardware(self, request):
+    from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top
+    return devices.resolve(request)
+
+  def policy(self, requested, policy, reason):
+    """No loss scaling and no graph rewrite here, so float16 and rewrite
+    are TensorFlow's; auto on a GPU without bfloat16 tensor cores takes
+    float32."""
+    if requested in ('mixed_float16', 'float16', 'rewrite'):
+      raise UserError(f'--policy={requested} runs on --backend=tensorflow '
+                      'only (the JAX path has no loss scaling or graph '
+                      'rewrite); use mixed_bfloat16, float32 or auto')
+    if policy == 'mixed_float16':  # A GPU of compute capability 7.x.
+      return 'float32', ('GPU without bfloat16 tensor cores; the JAX path '
+                         'has no float16 loss scaling')
+    return policy, reason
+
+  def choose_xla(self, requested, hardware, policy):
+    del hardware, policy
+    if requested == 'off':
+      raise UserError('--xla=off: JAX compiles every program with XLA; use '
+                      '--backend=tensorflow to train without it')
+    return True, 'JAX compiles every program with XLA'
+
+  def build_trainer(self, config, plan):
+    from pipeline.backends.jax import trainer  # pylint: disable=g-import-not-at-top
+    return trainer.build(config, plan)
+
+  def distribute(self, hardware, input_fn):
+    return hardware.strategy.host_batches(input_fn)
+
+  def sum_over_workers(self, hardware):
+    return hardware.strategy.sum_over_hosts
+
+  def profiler(self):
+    import jax  # pylint: disable=g-import-not-at-top
+    return jax.profiler.start_trace, jax.profiler.stop_trace
+
+  def write_tflite(self, weights, metadata, path, kind):
+    from pipeline.reports import export  # pylint: disable=g-import-not-at-top
+    export.convert_to_tflite_on_tensorflow(weights, metadata, path, kind)
+
+
+BACKEND = JaxBackend()

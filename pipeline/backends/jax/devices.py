@@ -1,0 +1,177 @@
+"""The hardware of a run on Keras' JAX backend: every device, data parallel.
+
+One process per host. On several hosts (a TPU pod slice, or processes
+given JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID)
+`jax.distributed.initialize` joins them first. The model is replicated on
+every device of every host and each global batch is split along its first
+axis over them (Keras calls this DataParallel); each host's tf.data
+pipeline reads its own shard of the records and feeds its own devices.
+"""
+
+import os
+
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+import tensorflow as tf
+
+from pipeline import backends
+from pipeline.errors import UserError
+from pipeline.errors import first_line
+from pipeline.run import hardware as hardware_lib
+from pipeline.run import stopping
+
+_KINDS = {'tpu': 'TPU', 'gpu': 'GPU', 'cuda': 'GPU', 'rocm': 'GPU',
+          'cpu': 'CPU'}
+
+
+class DataParallel:
+  """The devices as one 'batch' mesh axis: the model replicated, each batch
+  split along its first axis."""
+
+  def __init__(self, device_list):
+    self.mesh = jax.sharding.Mesh(np.array(device_list), ('batch',))
+    self.num_replicas_in_sync = len(device_list)
+    self.replicated = NamedSharding(self.mesh, PartitionSpec())
+
+  def batch_sharding(self, stacked=False):
+    """Batches split over the devices; `stacked`: [steps, batch, ...]."""
+    return NamedSharding(self.mesh, PartitionSpec(
+        *((None,) if stacked else ()), 'batch'))
+
+  def host_batches(self, input_fn):
+    """This host's batches (as numpy) from `input_fn(InputContext)`: one
+    pipeline per host, each batch the host's share of the global batch."""
+    hosts = jax.process_count()
+    dataset = input_fn(tf.distribute.InputContext(
+        num_input_pipelines=hosts, input_pipeline_id=jax.process_index(),
+        num_replicas_in_sync=hosts))
+    return HostBatches(dataset)
+
+  def sum_over_hosts(self, values):
+    """The element-wise sum of every host's `values` (numpy); every host
+    calls it at the same step (a SIGTERM to one host stops all at one
+    step)."""
+    gathered = multihost_utils.process_allgather(np.asarray(values))
+    return np.asarray(gathered).reshape(-1, len(values)).sum(axis=0)
+
+  def to_devices(self, host_arrays, stacked=False):
+    """Global arrays, split over every device, from this host's share."""
+    sharding = self.batch_sharding(stacked)
+    return jax.tree.map(
+        lambda a: jax.make_array_from_process_local_data(sharding, a),
+        host_arrays)
+
+
+class HostBatches:
+  """A tf.data dataset iterated as numpy, a fresh pass per iter()."""
+
+  def __init__(self, dataset):
+    self.dataset = dataset
+
+  def __iter__(self):
+    return self.dataset.as_numpy_iterator()
+
+
+def _initialize_hosts():
+  """Joins the other hosts, where there are any; before devices are used."""
+  address = os.environ.get('JAX_COORDINATOR_ADDRESS')
+  hostnames = os.environ.get('TPU_WORKER_HOSTNAMES', '')
+  try:
+    if address:
+      jax.distributed.initialize(
+          coordinator_address=address,
+          num_processes=int(os.environ['JAX_NUM_PROCESSES']),
+          process_id=int(os.environ['JAX_PROCESS_ID']),
+          initialization_timeout=int(os.environ.get(
+              'JAX_INITIALIZATION_TIMEOUT_S', '300')))
+    elif ',' in hostnames:  # A TPU pod slice: JAX finds its peers itself.
+      jax.distributed.initialize()
+  except (KeyError, ValueError) as e:
+    raise UserError(f'JAX_COORDINATOR_ADDRESS={address} needs '
+                    'JAX_NUM_PROCESSES and JAX_PROCESS_ID (integers): '
+                    f'{first_line(e)}') from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f'could not join the other hosts through JAX '
+                    f'({type(e).__name__}: {first_line(e)})') from None
+
+
+def unsupported_settings(request, environ=os.environ):
+  """One line for the first hardware flag or environment setting of
+  `request` (a run.request.Request) that only TensorFlow honours, naming
+  what JAX takes instead; None if there is none."""
+  defaults = type(request)()
+  if environ.get('TF_CONFIG'):
+    return ('TF_CONFIG joins TensorFlow workers; on the JAX backend hosts '
+            'join through JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and '
+            'JAX_PROCESS_ID (a TPU pod slice finds its hosts itself): unset '
+            'TF_CONFIG, or pass --backend=tensorflow')
+  if request.collective != defaults.collective:
+    return (f'--collective={request.collective} picks TensorFlow\'s '
+            'all-reduce; on the JAX backend XLA chooses the collectives: '
+            'leave it out, or pass --backend=tensorflow')
+  if request.collective_timeout_s != defaults.collective_timeout_s:
+    return ('--collective_timeout_s bounds TensorFlow\'s collectives; on the '
+            'JAX backend JAX_INITIALIZATION_TIMEOUT_S bounds joining the '
+            'hosts: leave it out, or pass --backend=tensorflow')
+  for name in ('tpu_runtime_version', 'tpu_zone', 'gcp_project'):
+    if getattr(request, name):
+      return (f'--{name}={getattr(request, name)} applies to TPU Nodes, which '
+              'TensorFlow drives; on the JAX backend a TPU VM (--tpu=local) '
+              'runs the software installed on it: leave it out, or pass '
+              '--backend=tensorflow')
+  return None
+
+
+def _select_gpus(spec, found):
+  """The devices --gpus names, among this host's GPUs (a UserError listing
+  them, 'none' without any)."""
+  gpus = [d for d in found if _KINDS.get(d.platform) == 'GPU']
+  indices = hardware_lib.select_gpus(
+      spec, [f'GPU:{i}' for i in range(len(gpus))])
+  if jax.process_count() > 1:
+    raise UserError(f'--gpus={spec} selects GPUs of one host; on several '
+                    'JAX hosts set CUDA_VISIBLE_DEVICES on each instead')
+  return [gpus[i] for i in indices]
+
+
+def resolve(request):
+  """The Hardware of this process on JAX: all its devices, all hosts' (or
+  the GPUs request.gpus names). A UserError, before any device is used,
+  for a setting only TensorFlow honours."""
+  tpu, num_cpu_devices = request.tpu, request.num_cpu_devices
+  problem = unsupported_settings(request)
+  if problem:
+    raise UserError(problem)
+  if num_cpu_devices < 1:
+    raise UserError(f'--num_cpu_devices={num_cpu_devices} must be 1 or more')
+  if num_cpu_devices > 1:
+    jax.config.update('jax_num_cpu_devices', num_cpu_devices)
+  _initialize_hosts()
+  # jax.distributed's preemption notifier has just taken SIGTERM in native
+  # code: SIGTERM and Ctrl-C are the run's own (pipeline/run/stopping.py).
+  stopping.reclaim()
+  found = jax.devices()
+  if request.gpus:
+    found = _select_gpus(request.gpus, found)
+  kind = _KINDS.get(found[0].platform, found[0].platform.upper())
+  if tpu and kind != 'TPU':
+    raise UserError(f'--tpu={tpu}: JAX finds no TPU on this host (its '
+                    f'devices: {len(found)} x {found[0].platform}); run on '
+                    'a TPU VM or a Colab TPU runtime, or leave --tpu out')
+  if kind == 'CPU' and not request.allow_cpu:
+    hardware_lib.check_no_unusable_gpus(
+        f'JAX {jax.__version__}', f'its jaxlib {backends.installed("jaxlib")} '
+        'runs on CPUs and TPUs only', 'jax[cuda12] for NVIDIA GPUs')
+  hosts = jax.process_count()
+  name = found[0].device_kind if kind != 'CPU' else 'CPU device'
+  detail = (f'{len(found)} x {name}' if kind != 'CPU' or len(found) > 1
+            else 'host CPU')
+  if hosts > 1:
+    detail += f' over {hosts} hosts'
+  return hardware_lib.Hardware(
+      DataParallel(found), kind, num_workers=hosts,
+      task_index=jax.process_index(), is_chief=jax.process_index() == 0,
+      detail=detail, strategy_name='DataParallel')

@@ -1,0 +1,71 @@
+"""Keras on TensorFlow: CPUs, GPUs, and the TPUs TensorFlow's TPU build reaches.
+
+tf.distribute strategies (devices.py), multi-step tf.functions (steps.py)
+under a Trainer (trainer.py), the moving average as replica-local
+variables (ema.py), XLA's rules (xla.py), its persistent caches
+(compile_cache.py), TPU Nodes' runtime versions (tpu_runtime.py).
+Checkpoints are tf.train.Checkpoint's files. Modules here import
+TensorFlow; this one does not, so the choice of backend stays light.
+"""
+
+from pipeline import backends
+
+
+class TensorFlowBackend:
+  """The Backend interface on TensorFlow (pipeline/backends/interface.py)."""
+  name = 'tensorflow'
+  checkpoint_format = 'tensorflow'  # storage.checkpoint_files.TENSORFLOW
+
+  def software(self):
+    tf = next(filter(None, map(backends.installed, (
+        'tensorflow', 'tensorflow-cpu', 'tensorflow-tpu'))), 'unknown')
+    cudnn = backends.installed('nvidia-cudnn-cu12')
+    return f'tf-{tf}' + (f'-cudnn-{cudnn}' if cudnn else '')
+
+  def compile_cache(self, setting, environ, gpus, accelerator, versions):
+    del accelerator  # TPUs compile in their runtime; GPUs key the folder.
+    from pipeline.backends.tensorflow import compile_cache  # pylint: disable=g-import-not-at-top
+    return compile_cache.choose(setting, environ, gpus, versions)
+
+  def check_compile_cache(self, directory):
+    """Sets damaged entries aside (also in a folder named in TF_XLA_FLAGS)."""
+    from pipeline.backends.tensorflow import compile_cache  # pylint: disable=g-import-not-at-top
+    compile_cache.set_aside_damaged(directory)
+
+  def resolve_hardware(self, request):
+    from pipeline.backends.tensorflow import devices  # pylint: disable=g-import-not-at-top
+    return devices.resolve(
+        request.tpu, request.tpu_zone, request.gcp_project,
+        request.num_cpu_devices, request.collective,
+        request.collective_timeout_s, request.gpus,
+        request.tpu_runtime_version, request.allow_cpu)
+
+  def policy(self, requested, policy, reason):
+    del requested  # TensorFlow runs every policy the rule picks.
+    return policy, reason
+
+  def choose_xla(self, requested, hardware, policy):
+    from pipeline.backends.tensorflow import xla  # pylint: disable=g-import-not-at-top
+    return xla.choose_xla(requested, hardware, policy)
+
+  def build_trainer(self, config, plan):
+    from pipeline.backends.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+    return trainer.build(config, plan)
+
+  def distribute(self, hardware, input_fn):
+    return hardware.strategy.distribute_datasets_from_function(input_fn)
+
+  def sum_over_workers(self, hardware):
+    from pipeline.backends.tensorflow import devices  # pylint: disable=g-import-not-at-top
+    return devices.sum_over_workers(hardware.strategy)
+
+  def profiler(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.profiler.experimental.start, tf.profiler.experimental.stop
+
+  def write_tflite(self, weights, metadata, path, kind):
+    from pipeline.reports import export  # pylint: disable=g-import-not-at-top
+    export.convert_to_tflite(weights, metadata, path, kind)
+
+
+BACKEND = TensorFlowBackend()

@@ -1,0 +1,255 @@
+"""TensorFlow's hardware: the tf.distribute strategy that matches it.
+
+One place decides: a Cloud TPU (TPUStrategy), several machines (TF_CONFIG ->
+MultiWorkerMirroredStrategy), several GPUs or logical CPUs
+(MirroredStrategy), or one device (the default strategy).
+
+One device gets the default strategy, not OneDeviceStrategy: EfficientNet-B0
+trained 2.8x slower under OneDeviceStrategy('/cpu:0') on our CPU (36 vs 100
+img/s at 64 px, BUILD_NOTES.md), with the same code otherwise.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+
+import tensorflow as tf
+
+from pipeline.backends.tensorflow import tpu_runtime
+from pipeline.errors import UserError
+from pipeline.errors import first_line
+from pipeline.run import hardware as hardware_lib
+from pipeline.run import stopping
+from pipeline.run.hardware import Hardware
+
+_STRATEGY_NAMES = (
+    (tf.distribute.MultiWorkerMirroredStrategy, 'MultiWorkerMirroredStrategy'),
+    (tf.distribute.TPUStrategy, 'TPUStrategy'),
+    (tf.distribute.MirroredStrategy, 'MirroredStrategy'),
+)
+
+
+def tensorflow_version():
+  return tf.__version__
+
+
+def split_cpu(num_cpu_devices):
+  """Splits the host CPU into logical devices; must run before TF starts."""
+  if num_cpu_devices < 1:
+    raise UserError(f'--num_cpu_devices={num_cpu_devices} must be 1 or more')
+  if num_cpu_devices == 1:
+    return
+  cpu = tf.config.list_physical_devices('CPU')[0]
+  try:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * num_cpu_devices)
+  except RuntimeError as e:  # TF already initialised its devices.
+    raise UserError(f'cannot split the CPU after TensorFlow started: {e}')
+
+
+COLLECTIVES = {
+    'auto': tf.distribute.experimental.CommunicationImplementation.AUTO,
+    'ring': tf.distribute.experimental.CommunicationImplementation.RING,
+    'nccl': tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
+            collective='auto', collective_timeout_s=None, gpus='',
+            tpu_runtime_version='', allow_cpu=False):
+  """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU.
+
+  Stops in one line where NVIDIA GPUs are present but TensorFlow sees none,
+  unless `allow_cpu`: training on the CPU there is never what was meant.
+  """
+  found = _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
+                collective_timeout_s, gpus, tpu_runtime_version, allow_cpu)
+  return dataclasses.replace(found,
+                             strategy_name=strategy_name(found.strategy))
+
+
+def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
+          collective_timeout_s, gpus, tpu_runtime_version, allow_cpu):
+  if os.environ.get('JAX_COORDINATOR_ADDRESS'):
+    raise UserError('JAX_COORDINATOR_ADDRESS joins hosts on the JAX backend; '
+                    'TensorFlow workers join through TF_CONFIG: pass '
+                    '--backend=jax, or set TF_CONFIG instead')
+  if tpu:
+    if gpus:
+      raise UserError(f'--gpus={gpus} selects GPUs; it cannot be combined '
+                      f'with --tpu={tpu}')
+    return _tpu(tpu, tpu_zone, gcp_project, tpu_runtime_version)
+  if tpu_runtime_version:
+    raise UserError(f'--tpu_runtime_version={tpu_runtime_version} needs a TPU '
+                    'Node: pass --tpu=NAME or --tpu=grpc://HOST:PORT')
+  _limit_visible_gpus(gpus)
+  if os.environ.get('TF_CONFIG'):
+    return _multi_worker(collective, collective_timeout_s)
+  split_cpu(num_cpu_devices)
+  visible_gpus = tf.config.list_logical_devices('GPU')
+  if visible_gpus:
+    return _gpus(visible_gpus)
+  if not allow_cpu:
+    _check_no_unusable_gpus()
+  cpus = tf.config.list_logical_devices('CPU')
+  if len(cpus) > 1:
+    strategy = tf.distribute.MirroredStrategy([d.name for d in cpus])
+    return Hardware(strategy, 'CPU', detail=f'{len(cpus)} logical CPU devices')
+  return Hardware(tf.distribute.get_strategy(), 'CPU', detail='host CPU')
+
+
+def _limit_visible_gpus(spec):
+  """Makes only the GPUs --gpus names visible; before TF initialises them."""
+  physical = tf.config.list_physical_devices('GPU')
+  indices = hardware_lib.select_gpus(spec, [d.name for d in physical])
+  if len(indices) == len(physical):
+    return
+  try:
+    tf.config.set_visible_devices([physical[i] for i in indices], 'GPU')
+  except RuntimeError as e:  # TF already initialised its devices.
+    raise UserError(f'cannot select --gpus={spec} after TensorFlow started: '
+                    f'{e}') from None
+
+
+def _gpus(gpus):
+  details = tf.config.experimental.get_device_details(
+      tf.config.get_visible_devices('GPU')[0])
+  capability = details.get('compute_capability')
+  name = details.get('device_name', 'GPU')
+  if len(gpus) == 1:
+    strategy = tf.distribute.get_strategy()
+  else:
+    strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+  return Hardware(strategy, 'GPU', gpu_compute_capability=capability,
+                  gpu_name=name, detail=f'{len(gpus)} x {name}')
+
+
+def parse_tf_config(text):
+  """Returns (cluster, task type, task index) of a TF_CONFIG, or a UserError."""
+  try:
+    tf_config = json.loads(text)
+    cluster, task = tf_config['cluster'], tf_config['task']
+    task_type, task_index = task['type'], int(task['index'])
+    members = cluster[task_type]
+    members[task_index]  # pylint: disable=pointless-statement
+  except (ValueError, KeyError, TypeError, IndexError) as e:
+    raise UserError(f'TF_CONFIG is malformed or names a task not in its '
+                    f'cluster ({type(e).__name__}: {e}): {text!r}')
+  return cluster, task_type, task_index
+
+
+def _multi_worker(collective, timeout_s):
+  cluster, task_type, task_index = parse_tf_config(os.environ['TF_CONFIG'])
+  # NCCL on GPUs, ring otherwise (auto); the timeout bounds every collective,
+  # so a worker that dies or never starts stops the others with an error.
+  options = tf.distribute.experimental.CommunicationOptions(
+      implementation=COLLECTIVES[collective], timeout_seconds=timeout_s)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=options)
+  # Its coordination service may take SIGTERM in native code, as
+  # jax.distributed's does: SIGTERM and Ctrl-C are the run's own.
+  stopping.reclaim()
+  resolver = strategy.cluster_resolver
+  num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
+  is_chief = (task_type == 'chief' or
+              (task_type == 'worker' and task_index == 0 and
+               'chief' not in cluster))
+  gpus = tf.config.list_logical_devices('GPU')
+  return Hardware(strategy, 'GPU' if gpus else 'CPU', num_workers=num_workers,
+                  task_index=resolver.task_id, is_chief=is_chief,
+                  detail=f'{task_type} {task_index} of {num_workers} workers')
+
+
+def _check_reachable(address, timeout_s=10.0):
+  """A grpc:// TPU worker must accept a TCP connection; TF would hang."""
+  host, _, port = address[len('grpc://'):].rpartition(':')
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout_s).close()
+  except (OSError, ValueError) as e:
+    raise UserError(f'TPU {address!r} could not be reached: {e}') from None
+
+
+def _tpu(tpu, zone, project, runtime_version):
+  remote = tpu != 'local'
+  if runtime_version:
+    if not remote:
+      raise UserError(
+          f'--tpu_runtime_version={runtime_version} applies to TPU Nodes '
+          '(--tpu=NAME or grpc://); a TPU VM runs the software version it '
+          'was created with')
+    # Before connecting: a version switch restarts the TPU's runtime.
+    tpu_runtime.configure(tpu, tpu_runtime.runtime_version(runtime_version),
+                          zone=zone, project=project)
+  if tpu.startswith('grpc://'):
+    _check_reachable(tpu)
+  try:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu=tpu, zone=zone, project=project)
+    tf.config.experimental_connect_to_cluster(resolver)
+    topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+  except Exception as e:  # The resolver raises many types; all mean "no TPU".
+    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f'TPU {tpu!r} could not be reached: {message}')
+  strategy = tf.distribute.TPUStrategy(resolver)
+  return Hardware(strategy, 'TPU',
+                  num_workers=topology.num_tasks, tpu_workers_remote=remote,
+                  detail=(f'{topology.num_tasks} host(s), '
+                          f'{topology.num_tasks * topology.num_tpus_per_task} '
+                          'TPU cores'))
+
+
+def _check_no_unusable_gpus():
+  cause = ('this TensorFlow build has no CUDA support'
+           if not tf.test.is_built_with_cuda() else
+           'its CUDA libraries are missing or do not match the driver (plain '
+           '`pip install tensorflow` brings none)')
+  hardware_lib.check_no_unusable_gpus(
+      f'TensorFlow {tf.__version__}', cause,
+      'requirements-gpu.txt (tensorflow[and-cuda])')
+
+
+def strategy_name(strategy):
+  """The strategy as users know it (MultiWorkerMirroredStrategy's class is
+  CollectiveAllReduceStrategy inside TensorFlow)."""
+  for cls, name in _STRATEGY_NAMES:
+    if isinstance(strategy, cls):
+      return name
+  return 'DefaultStrategy'
+
+
+def sum_over_workers(strategy):
+  """counts -> the element-wise sum of every worker's `counts` (numpy);
+  a collective, so every worker calls it at the same step."""
+
+  @tf.function
+  def summed(counts):
+    per_replica = strategy.run(lambda: tf.identity(counts))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+  def call(counts):
+    with peers_lost_in_one_line():
+      return summed(tf.constant(counts, tf.float32)).numpy()
+
+  return call
+
+
+# What a collective raises when another worker died or never answered.
+_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+              tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+@contextlib.contextmanager
+def peers_lost_in_one_line():
+  """Turns what a collective raises when another worker died or never
+  answered into one UserError line (multi-worker runs only)."""
+  try:
+    yield
+  except _PEER_LOST as e:
+    if 'TF_CONFIG' not in os.environ:
+      raise
+    raise UserError(
+        f'another worker stopped or never answered ({type(e).__name__}: '
+        f'{first_line(e)}); restart all workers with the same command '
+        'to resume from the last checkpoint') from None

@@ -1,0 +1,233 @@
+"""Compiled training and evaluation steps, several per call.
+
+Keras 3.15's own multi-step loop (`steps_per_execution` > 1) fails under
+MirroredStrategy: `model.fit` over 2 logical CPUs with steps_per_execution=4
+raises "You must feed a value for placeholder tensor
+'while/body/.../Placeholder_1'" from `multi_step_on_iterator` (measured;
+BUILD_NOTES.md). This is the loop that works everywhere: one
+tf.function runs `steps_per_execution` steps in a `tf.range` loop, each step
+`strategy.run` on the next distributed batch, so the host is visited once
+per execution, not once per step (what TPUs and fast GPUs need).
+"""
+
+import keras
+import tensorflow as tf
+
+from pipeline.training import objective
+from pipeline.training import optimizers
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def gradient_function(model, optimizer, global_batch_size, num_classes,
+                      label_smoothing, accumulation_steps=1,
+                      l2_weight_decay=0.0):
+  """Returns gradients(variables, images, labels) -> (scaled gradients,
+  loss, correct predictions) of one replica's batch (training/objective.py:
+  the loss, the labels, the L2 term).
+
+  With `accumulation_steps` k > 1 the batch is cut into k micro-batches
+  whose gradients are summed in a while loop (the activations of one
+  micro-batch in memory at a time), so a step is still one update of the
+  whole batch and a loss-scale skip drops all of it.
+  """
+  loss_fn = objective.loss_function(label_smoothing)
+
+  def gradients(variables, images, labels):
+    targets = objective.targets(labels, num_classes)
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      per_example = loss_fn(targets, logits)
+      # Each replica divides by the global batch: gradients are then summed.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=global_batch_size)
+      if l2_weight_decay:
+        # Each replica and micro-batch adds its share: summed, it is whole.
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        loss += l2_weight_decay / (replicas * accumulation_steps) * (
+            objective.l2_penalty([v.value for v in variables
+                                  if objective.is_decayed(v)]))
+      scaled_loss = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled_loss, variables)
+    grads = [tf.zeros(v.shape, v.dtype) if g is None else g
+             for g, v in zip(grads, variables)]
+    return grads, loss, objective.correct(logits, targets)
+
+  def accumulated(variables, images, labels):
+    micro = lambda t: tf.reshape(t, [accumulation_steps, -1, *t.shape[1:]])
+    images, labels = micro(images), micro(labels)
+
+    def add(i, grads, loss, correct):
+      more = gradients(variables, images[i], labels[i])
+      return (i + 1, [a + b for a, b in zip(grads, more[0])],
+              loss + more[1], correct + more[2])
+
+    zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
+    _, grads, loss, correct = tf.while_loop(
+        lambda i, *_: i < accumulation_steps, add,
+        (tf.constant(0), zeros, tf.constant(0.0), tf.constant(0.0)))
+    return grads, loss, correct
+
+  return gradients if accumulation_steps == 1 else accumulated
+
+
+def replica_train_step(model, optimizer, global_batch_size, num_classes,
+                       label_smoothing, jit_compile=False, ema=None,
+                       **gradient_options):
+  """One replica's update on its batch: forward, backward, gradients summed
+  across replicas, update, moving average. Returns (loss, correct
+  predictions). `gradient_options`: gradient_function's keyword arguments.
+  The optimizer must take summed gradients (make_train_function sees to it).
+  """
+  gradients = gradient_function(model, optimizer, global_batch_size,
+                                num_classes, label_smoothing,
+                                **gradient_options)
+
+  # TPUs compile the whole step anyway; elsewhere XLA is opt-in per step.
+  @tf.function(jit_compile=jit_compile or None)
+  def replica_step(images, labels):
+    # Read when traced: a frozen backbone's weights are not among them.
+    variables = model.trainable_variables
+    grads, loss, correct = gradients(variables, images, labels)
+    # Summed here, not inside optimizer.apply: LossScaleOptimizer decides to
+    # skip a step from the gradients it is given, before its inner optimizer
+    # would sum them, so each replica must already hold the sum (else one
+    # replica's inf reaches the weights as NaN; BUILD_NOTES.md).
+    grads = tf.distribute.get_replica_context().all_reduce(SUM, grads)
+    applied_before = tf.identity(optimizer.iterations.value)
+    optimizer.apply(grads, variables)
+    if ema:
+      updates = tf.identity(optimizer.iterations.value)
+      ema.update(updates, applied=updates > applied_before)
+    return loss, correct
+
+  return replica_step
+
+
+def batch_norm_averager(model, ema=None):
+  """A replica function that averages every batch norm's moving statistics
+  (and their moving averages) across replicas, or None for a model without
+  batch norm.
+
+  Keras 3 creates moving statistics with aggregation NONE and updates them
+  from each replica's own batch: without this, replicas and workers drift
+  apart and a checkpoint holds only the first replica's.
+  """
+  statistics = _batch_norm_statistics(model)
+  if ema:
+    statistics += ema.averages_of(statistics)
+  if not statistics:
+    return None
+
+  def average():
+    context = tf.distribute.get_replica_context()
+    local = [tf.identity(_value(v)) for v in statistics]
+    averaged = context.all_reduce(tf.distribute.ReduceOp.MEAN, local)
+    for variable, value in zip(statistics, averaged):
+      variable.assign(value)
+
+  return average
+
+
+def make_train_function(model, optimizer, strategy, global_batch_size,
+                        num_classes, label_smoothing, step, jit_compile,
+                        **recipe):
+  """Returns train(iterator, num_steps) -> dict of scalars.
+
+  Batches are (images, labels) or data.py's (images, labels, skipped): then
+  `skipped_records` sums the records the input skipped. `recipe`: the
+  keyword arguments of replica_train_step after jit_compile.
+
+  `step` counts every step taken, including those LossScaleOptimizer skips
+  for non-finite gradients; `optimizer.iterations` counts applied updates,
+  so their difference is the number of skipped steps.
+  """
+  optimizers.take_summed_gradients(optimizer)
+  replica_step = replica_train_step(model, optimizer, global_batch_size,
+                                    num_classes, label_smoothing, jit_compile,
+                                    **recipe)
+  average_batch_norm_statistics = batch_norm_averager(model,
+                                                      recipe.get('ema'))
+
+  @tf.function
+  def train(iterator, num_steps):
+    loss_sum = tf.constant(0.0)
+    correct_sum = tf.constant(0.0)
+    wait_s = tf.constant(0.0, tf.float64)
+    skipped_sum = tf.constant(0)
+    # Each step's loss: curves with points between executions.
+    step_losses = tf.TensorArray(tf.float32, size=num_steps)
+    for index in tf.range(num_steps):
+      # Stateful ops run in program order, so this brackets the fetch alone.
+      start = tf.timestamp()
+      batch = next(iterator)
+      with tf.control_dependencies(tf.nest.flatten(
+          strategy.experimental_local_results(batch))):
+        wait_s += tf.timestamp() - start
+      loss, correct = strategy.run(replica_step, args=batch[:2])
+      loss = strategy.reduce(SUM, loss, axis=None)
+      step_losses = step_losses.write(index, loss)
+      loss_sum += loss
+      correct_sum += strategy.reduce(SUM, correct, axis=None)
+      if len(batch) > 2:  # Records the input skipped (data.py).
+        skipped_sum += strategy.reduce(
+            SUM, strategy.run(tf.reduce_sum, args=batch[2:]), axis=None)
+      step.assign_add(1)
+    if strategy.num_replicas_in_sync > 1 and average_batch_norm_statistics:
+      strategy.run(average_batch_norm_statistics)
+    steps = tf.cast(num_steps, tf.float32)
+    return {'loss': loss_sum / steps,
+            'accuracy': correct_sum / (steps * global_batch_size),
+            'input_wait_s': wait_s, 'skipped_records': skipped_sum,
+            'step_losses': step_losses.stack()}
+
+  return train
+
+
+def _value(variable):
+  """A Keras variable's tf.Variable; a tf.Variable (an average) itself."""
+  return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _batch_norm_statistics(model):
+  """The moving mean and variance of every BatchNormalization, nested too."""
+  found, layers = [], list(model.layers)
+  while layers:
+    layer = layers.pop()
+    if isinstance(layer, keras.Model):
+      layers.extend(layer.layers)
+    elif isinstance(layer, keras.layers.BatchNormalization):
+      found.extend([layer.moving_mean, layer.moving_variance])
+  return found
+
+
+def replica_eval_step(model, num_classes):
+  """One replica's eval batch: objective.eval_sums of its logits."""
+
+  def replica_step(images, labels, weights):
+    logits = model(images, training=False)
+    return objective.eval_sums(logits, labels, weights, num_classes)
+
+  return replica_step
+
+
+def make_eval_function(model, strategy, num_classes):
+  """Returns evaluate(iterator, num_steps) -> loss, accuracy, top-5 accuracy,
+  examples and the confusion matrix (rows: true class, columns: predicted).
+  """
+  replica_step = replica_eval_step(model, num_classes)
+
+  @tf.function
+  def evaluate(iterator, num_steps):
+    totals = tf.zeros(4)
+    confusion = tf.zeros((num_classes, num_classes))
+    for _ in tf.range(num_steps):
+      sums, matrix = strategy.run(replica_step, args=next(iterator))
+      totals += strategy.reduce(SUM, sums, axis=None)
+      confusion += strategy.reduce(SUM, matrix, axis=None)
+    loss, correct, correct_top_k, examples = tf.unstack(totals)
+    return {'loss': loss / examples, 'accuracy': correct / examples,
+            'top5_accuracy': correct_top_k / examples, 'examples': examples,
+            'confusion': confusion}
+
+  return evaluate

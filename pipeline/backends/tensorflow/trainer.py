@@ -1,0 +1,208 @@
+"""The Trainer on TensorFlow: model, optimizer and compiled multi-step
+functions, built inside the run's strategy.
+
+`build(config, plan)` applies the precision policy and the seed, builds
+everything in the strategy scope and compiles the multi-step functions
+(steps.py); each call turns the errors a user can act on into one line.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+from typing import Optional
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline.backends.tensorflow import ema as ema_lib
+from pipeline.backends.tensorflow import graph_rewrite
+from pipeline.backends.tensorflow import steps
+from pipeline.backends.tensorflow.devices import peers_lost_in_one_line
+from pipeline.data import decode
+from pipeline.errors import UserError
+from pipeline.run import precision
+from pipeline.storage import checkpoint_files
+from pipeline.training import models
+from pipeline.training import optimizers
+
+
+@dataclasses.dataclass
+class Trainer:
+  """Model, optimizer and compiled steps, built inside the strategy scope."""
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  # Every step taken; optimizer.iterations: those applied.
+  step_counter: tf.Variable
+  train_fn: object
+  eval_fn: object
+  num_classes: int
+  label_offset: int
+  out_of_memory: str  # The one line for a ResourceExhaustedError.
+  ema: Optional[ema_lib.MovingAverage] = None
+  # Fine-tuning's first phase: steps before this one train the head alone,
+  # with its own compiled function (the variables it updates differ).
+  frozen_steps: int = 0
+  frozen_train_fn: object = None
+
+  def trackables(self):
+    """What a checkpoint of this run holds, by name."""
+    found = dict(model=self.model, optimizer=self.optimizer,
+                 step=self.step_counter)
+    if self.ema:
+      found['ema'] = self.ema.trackable
+    return found
+
+  def checkpoint_files(self, directory, max_to_keep, io_device=None,
+                       written_as=checkpoint_files.TENSORFLOW):
+    """The local layer of this run's checkpoints: TensorFlow's own, or
+    another format's (a run trained on JAX), read into the model, the step
+    and the moving average (evaluating needs no optimizer)."""
+    if written_as == checkpoint_files.TENSORFLOW:
+      return checkpoint_files.TensorFlowFiles(self.trackables(), directory,
+                                              max_to_keep, io_device)
+    step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
+    parts = dict(model=self.model, step=step)
+    if self.ema:
+      parts['ema'] = checkpoint_files.Variables('ema', like=self.ema.sources)
+
+    def after_restore(missing):
+      self.step_counter.assign(int(step.values[0].numpy()))
+      if self.ema and 'ema' not in missing:
+        for average, value in zip(self.ema.averages.values,
+                                  parts['ema'].values):
+          average.assign(value.numpy())
+
+    return checkpoint_files.reader(
+        written_as, parts, directory, after_restore=after_restore,
+        read_only=f'{directory} holds a run trained on another backend, '
+        'which resumes there only')
+
+  def read_back(self):
+    """Nothing to do: the variables are this trainer's state."""
+
+  @property
+  def step(self):
+    return int(self.step_counter.numpy())
+
+  @property
+  def skipped_steps(self):
+    return self.step - int(self.optimizer.iterations.numpy())
+
+  @property
+  def loss_scale(self):
+    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      return float(self.optimizer.dynamic_scale.numpy())
+    return None
+
+  def learning_rate(self):
+    return float(self.optimizer.learning_rate)
+
+  def train(self, iterator, num_steps):
+    """Runs `num_steps` training steps; their mean loss etc. as floats.
+
+    Before `frozen_steps` the backbone is frozen (its batch norm then runs
+    in inference mode, as in Keras' transfer-learning guide); the loop
+    never lets an execution cross that step.
+    """
+    frozen = False
+    if self.frozen_steps:
+      frozen = self.step < self.frozen_steps
+      # Set before every call: a function (re)traces with the state it sees.
+      models.backbone(self.model).trainable = not frozen
+    return self._run(self.frozen_train_fn if frozen else self.train_fn,
+                     iterator, num_steps)
+
+  def evaluate(self, dataset, num_steps):
+    """Evaluates on `num_steps` batches of `dataset`: loss, accuracy,
+    top5_accuracy and examples as floats, the confusion matrix as a numpy
+    array. With a moving average, those are the averaged weights' (what is
+    exported) and loss_raw, accuracy_raw, top5_accuracy_raw the model's own.
+    """
+    if not self.ema:
+      return self._run(self.eval_fn, iter(dataset), num_steps)
+    raw = self._run(self.eval_fn, iter(dataset), num_steps)
+    with self.ema.applied_to_model():
+      result = self._run(self.eval_fn, iter(dataset), num_steps)
+    return dict(result, **{f'{key}_raw': raw[key] for key in
+                           ('loss', 'accuracy', 'top5_accuracy')})
+
+  def exported_weights(self):
+    """A context in which the model holds what is exported: the moving
+    average if there is one, else its own weights."""
+    return (self.ema.applied_to_model() if self.ema else
+            contextlib.nullcontext())
+
+  def weights_sha256(self):
+    """SHA-256 of every weight: equal digests mean equal models."""
+    digest = hashlib.sha256()
+    for weight in self.model.weights:
+      digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+    return digest.hexdigest()
+
+  def _run(self, function, iterator, num_steps):
+    try:
+      with peers_lost_in_one_line():
+        outputs = function(iterator, tf.constant(num_steps))
+      return {key: float(value) if value.shape.rank == 0 else value.numpy()
+              for key, value in outputs.items()}
+    except tf.errors.ResourceExhaustedError:
+      raise UserError(self.out_of_memory) from None
+    except tf.errors.InvalidArgumentError as e:
+      message = decode.label_error(e, self.num_classes, self.label_offset)
+      if message:
+        raise UserError(message) from None
+      raise
+
+
+def build(config, plan):
+  """Sets the policy and seed, then builds everything in the strategy scope."""
+  try:
+    return _build(config, plan)
+  except tf.errors.ResourceExhaustedError:
+    raise UserError(plan.out_of_memory_message(config)) from None
+
+
+def _build(config, plan):
+  hardware = plan.hardware
+  strategy = hardware.strategy
+  num_classes = plan.source.num_classes
+  precision.apply(plan.precision)
+  if plan.policy == precision.REWRITE:
+    # Before anything is traced: grappler rewrites functions as they run.
+    logging.info('Graph rewrite: eligible ops compute in %s',
+                 graph_rewrite.enable_graph_rewrite(hardware.device_kind))
+  keras.utils.set_random_seed(config.seed)
+  with strategy.scope():
+    model = models.build_model(
+        config.model, num_classes, config.image_size, config.dropout_rate,
+        config.batch_norm_momentum, config.drop_connect_rate)
+    optimizer = precision.wrap_optimizer(
+        optimizers.make_optimizer(config, plan.peak_learning_rate,
+                                  plan.total_steps, plan.steps_per_epoch),
+        plan.policy, hardware.device_kind)
+    # Built now, so a checkpoint restores into existing slots (the frozen
+    # backbone's too: they wait, unchanged, for the whole-model phase).
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name='step',
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    ema = (ema_lib.MovingAverage(model, config.ema_decay)
+           if config.ema_decay else None)
+
+  def train_function():
+    return steps.make_train_function(
+        model, optimizer, strategy, plan.global_batch_size, num_classes,
+        config.label_smoothing, step,
+        # TPUs compile the whole program anyway; elsewhere XLA is per step.
+        jit_compile=plan.xla and hardware.device_kind != 'TPU',
+        accumulation_steps=config.gradient_accumulation_steps,
+        l2_weight_decay=config.l2_weight_decay, ema=ema)
+
+  eval_fn = steps.make_eval_function(model, strategy, num_classes)
+  return Trainer(model, optimizer, step, train_function(), eval_fn,
+                 num_classes, config.label_offset,
+                 plan.out_of_memory_message(config), ema=ema,
+                 frozen_steps=plan.frozen_steps,
+                 frozen_train_fn=(train_function() if plan.frozen_steps
+                                  else None))

@@ -1,0 +1,9 @@
+"""The input: sources and their records, decoding, augmentation, caching.
+
+sources.py (tfds, TFRecord files, the bundled sets photos.py and
+sklearn_digits.py), tfrecords.py (writing and reading records), decode.py
+(JPEG decoding and crops), augment.py (RandAugment, mixup, CutMix),
+cache.py (what to cache), inputs.py (the tf.data pipelines per input
+context), data_service.py (a tf.data service). Imports pipeline.errors and
+storage/ only: both backends read the same tf.data pipelines.
+"""

@@ -1,0 +1,151 @@
+"""tf.data input built per worker from a source's records (sources.py).
+
+One pipeline serves every source. Each record is decoded to just the window
+the model sees (a JPEG's crop window alone), skipped and counted if it
+cannot be (decode.py). What is cached (cache.py): decoded images, augmented after
+the cache every epoch (augmenting before it would freeze the first epoch's
+crops); or the encoded records, decoded and cropped every epoch; or nothing.
+Then batch and prefetch. Images stay uint8 until they reach the device,
+where the model casts them. Every input function takes a
+tf.distribute.InputContext, and batches are per replica.
+"""
+
+import tensorflow as tf
+
+from pipeline.data import augment
+from pipeline.data import cache as cache_lib
+from pipeline.data import data_service
+from pipeline.data import decode
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def _default_cache(config):
+  return 'decoded' if config.cache else 'none'
+
+
+def train_input_fn(config, source, global_batch_size, cache=None,
+                   service_job='train'):
+  """An input function for strategy.distribute_datasets_from_function:
+  batches of (uint8 images, int32 labels, int32 records skipped before each);
+  with mixup or CutMix, float32 soft labels [batch, classes] instead.
+
+  `cache`: cache.choose's kind (default: 'decoded' if config.cache). A
+  decoded cache holds whole images and augments after it; otherwise the
+  shuffled records are decoded with their random crop each epoch. With
+  config.data_service, the service's workers run it all as `service_job`.
+  """
+  cache = cache or _default_cache(config)
+  seed = config.seed if config.deterministic_input else None
+  size = config.image_size
+  mixup_alpha = config.mixup_alpha
+  cutmix_alpha = config.cutmix_alpha
+
+  def input_fn(input_context):
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    records = source.read('train', input_context, True, seed)
+    if cache == 'decoded':
+      dataset = _cached_then_augmented(records, config, source, seed,
+                                       input_context)
+    else:
+      dataset = _augmented_as_decoded(records, config, source, seed,
+                                      input_context, cache == 'encoded')
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if mixup_alpha or cutmix_alpha:
+      mix = augment.mixer(mixup_alpha, cutmix_alpha, source.num_classes, size)
+      # Seeded by the config's seed, the pipeline and the batch's index.
+      stream = config.seed * 1024 + input_context.input_pipeline_id
+      dataset = dataset.enumerate().map(
+          lambda index, batch: mix(batch, tf.stack(
+              [tf.constant(stream, tf.int64), index])),
+          num_parallel_calls=AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = config.deterministic_input
+    dataset = dataset.with_options(options)
+    if config.data_service:
+      dataset = data_service.distribute(dataset, config.data_service,
+                                        service_job)
+    return dataset.prefetch(AUTOTUNE)
+
+  return input_fn
+
+
+def _cached_then_augmented(records, config, source, seed, input_context):
+  """Decoded once into the cache, then augmented every epoch. Inception
+  crops need the whole image (aspect kept); other images are final once
+  decoded. Both passes read the one cache, whose records were skipped once.
+  """
+  size = config.image_size
+  buffer = min(config.shuffle_buffer, source.num_train_examples)
+  window, shape_of, image_shape = (
+      (decode.whole_window, decode.shorter_side(decode.cache_size(config)),
+       (None, None, 3))
+      if config.augment.startswith('inception') else
+      (decode.square_window, decode.square(size), (size, size, 3)))
+  dataset = cache_lib.apply(decode.decoded_records(
+      records, source.parse,
+      lambda encoded: decode.decode_window(encoded, window, shape_of),
+      image_shape, source.num_classes), config, 'train', input_context)
+  rest = dataset.map(decode.without_skips).shuffle(
+      buffer, seed=None if seed is None else seed + 1).repeat()
+  transform = augment.augmenter(config.augment, size, crop=True)
+  return dataset.shuffle(buffer, seed=seed).concatenate(rest).map(
+      lambda image, label, skipped: (transform(image), label, skipped),
+      num_parallel_calls=AUTOTUNE)
+
+
+def _augmented_as_decoded(records, config, source, seed, input_context,
+                          cache_encoded):
+  """The shuffled records (or their encoded cache) decoded each epoch with
+  their random crop: one parallel stage decodes and augments."""
+  size = config.image_size
+  if cache_encoded:
+    records = cache_lib.apply(records, config, 'train', input_context)
+  buffer = min(config.shuffle_buffer, source.num_train_examples)
+  records = records.shuffle(buffer, seed=seed).repeat()
+  window = (decode.random_window if config.augment.startswith('inception')
+            else decode.square_window)
+  transform = augment.augmenter(config.augment, size, crop=False)
+  return decode.decoded_records(
+      records, source.parse,
+      lambda encoded: transform(
+          decode.decode_window(encoded, window, decode.square(size))),
+      (size, size, 3), source.num_classes)
+
+
+def eval_steps(source, global_batch_size):
+  """Steps that cover every held-out example once (the last batch padded)."""
+  return -(-source.num_eval_examples // global_batch_size)
+
+
+def eval_input_fn(config, source, global_batch_size, cache=None):
+  """Held-out examples as (image, label, weight), padded to full batches.
+
+  Each pipeline pads its shard with weight-0 examples to the same number of
+  full batches, so every example counts exactly once while every batch keeps
+  the static shape TPUs need. A decoded cache holds the final images.
+  """
+  cache = cache or _default_cache(config)
+  size = config.image_size
+  steps = eval_steps(source, global_batch_size)
+  fraction = decode.central_fraction(config)
+
+  def input_fn(input_context):
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    per_pipeline = steps * global_batch_size // input_context.num_input_pipelines
+    records = source.read('eval', input_context, False, None)
+    if cache == 'encoded':
+      records = cache_lib.apply(records, config, 'eval', input_context)
+    dataset = decode.decoded_records(
+        records, source.parse,
+        lambda encoded: decode.eval_image(encoded, size, fraction),
+        (size, size, 3), source.num_classes)
+    dataset = dataset.map(lambda image, label, skipped: (image, label, 1.0))
+    padding = tf.data.Dataset.from_tensors(
+        (tf.zeros((size, size, 3), tf.uint8), 0, 0.0)).repeat()
+    dataset = dataset.concatenate(padding).take(per_pipeline)
+    if cache == 'decoded':
+      dataset = cache_lib.apply(dataset, config, 'eval', input_context)
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+
+  return input_fn

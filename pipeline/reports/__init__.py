@@ -1,0 +1,8 @@
+"""What a run produces for people and programs beyond its checkpoints.
+
+evaluation.py (a committed checkpoint on a held-out split), metrics.py
+(metrics.json), export.py (SavedModel, LiteRT, metadata), predict.py (the
+export on images), benchmark.py and benchmark_report.py (throughput,
+sweeps), compare.py and compare_report.py (runs side by side). Builds
+trainers through plan.backend; never imports a backend package.
+"""

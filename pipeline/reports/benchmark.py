@@ -1,0 +1,305 @@
+"""How fast the input is, how fast the model could go, and how fast it goes.
+
+Three throughputs for one config, so a slow run can be blamed on the right
+part: the tf.data pipeline alone (first pass with the cache cold, then warm;
+per core; beside tensorflow/tpu's reference preprocessing on the same files),
+training on one synthetic batch already on the device (the model's ceiling),
+and training on the real input. Compile time is timed apart, never mixed into
+a throughput. The text tables of the results are benchmark_report.py's.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from pipeline.data import inputs
+from pipeline.run import plan as plan_lib
+from pipeline.data import tfrecords
+from pipeline.errors import UserError
+
+_ROUNDS = 3  # Of ours against the reference.
+
+
+def input_throughput(config, source, global_batch_size, max_batches,
+                     cache=None):
+  """Images/s of the whole pipeline on the host: (cold, warm) passes."""
+  dataset = inputs.train_input_fn(config, source, global_batch_size, cache)(
+      tf.distribute.InputContext(1, 0, 1))
+  batches_per_pass = min(source.num_train_examples // global_batch_size,
+                         max_batches)
+  # The first pass decodes and fills the cache; later ones read from it.
+  return tuple(_rate(iter(dataset), batches_per_pass, global_batch_size)
+               for _ in range(2))
+
+
+def _rate(iterator, batches, batch_size):
+  next(iterator)  # Started: threads up, buffers filling.
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(iterator)
+  return batches * batch_size / (time.perf_counter() - start)
+
+
+def reference_input(files, image_size, batch_size):
+  """tensorflow/tpu's ImageNet training input, the baseline for ours.
+
+  As in models/official/efficientnet (imagenet_input.py, preprocessing.py):
+  files read by a 64-way interleave, a 1024-record shuffle, the random crop
+  sampled on extract_jpeg_shape and decoded alone by decode_and_crop_jpeg
+  (the central 87.5% if no box is found), resized (bilinear here; the
+  reference defaults to bicubic), flipped, batched; its tf.data options.
+  Written apart from pipeline/data/inputs.py on purpose: it is what ours is
+  measured against.
+  """
+  def fetch(filename):
+    return tf.data.TFRecordDataset(filename, buffer_size=8 * 1024 * 1024)
+
+  def center_crop(image_bytes):
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    padded = tf.cast(image_size / (image_size + round(image_size / 7)) *
+                     tf.cast(tf.minimum(shape[0], shape[1]), tf.float32),
+                     tf.int32)
+    window = tf.stack([(shape[0] - padded + 1) // 2,
+                       (shape[1] - padded + 1) // 2, padded, padded])
+    image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+    return tf.image.resize([image], [image_size, image_size])[0]
+
+  def parse(record):
+    image_bytes, label = tfrecords.parse(record)
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+    bad = tf.reduce_sum(tf.cast(tf.equal(shape, tf.shape(image)),
+                                tf.int32)) >= 3
+    image = tf.cond(bad, lambda: center_crop(image_bytes),
+                    lambda: tf.image.resize([image],
+                                            [image_size, image_size])[0])
+    image = tf.image.random_flip_left_right(image)
+    image = tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8)
+    return tf.reshape(image, [image_size, image_size, 3]), label
+
+  dataset = tf.data.Dataset.from_tensor_slices(files).repeat()
+  dataset = dataset.interleave(fetch, cycle_length=64, num_parallel_calls=64,
+                               deterministic=False).shuffle(1024)
+  # ignore_errors: the reference would stop at a bad record.
+  dataset = dataset.map(parse, 64).ignore_errors().batch(
+      batch_size, True).prefetch(tf.data.AUTOTUNE)
+  options = tf.data.Options()
+  options.deterministic = False
+  options.threading.max_intra_op_parallelism = 1
+  options.threading.private_threadpool_size = 48
+  return dataset.with_options(options)
+
+
+def reference_throughput(files, image_size, batch_size, batches):
+  """Images/s of reference_input on `files`, measured like ours."""
+  return _rate(iter(reference_input(files, image_size, batch_size)), batches,
+               batch_size)
+
+
+def available_cores():
+  return len(os.sched_getaffinity(0))
+
+
+def _timed_executions(trainer, iterator, steps_per_execution, executions):
+  """Seconds of the first call (compile), then of `executions` timed calls,
+  and the input wait fraction of those: (compile_s, seconds, fraction)."""
+  start = time.perf_counter()
+  trainer.train(iterator, steps_per_execution)
+  compile_s = time.perf_counter() - start
+  seconds = wait_s = 0.0
+  for _ in range(executions):
+    start = time.perf_counter()
+    out = trainer.train(iterator, steps_per_execution)
+    seconds += time.perf_counter() - start
+    wait_s += out['input_wait_s']
+  return compile_s, seconds, wait_s / seconds
+
+
+def run(config, plan, executions, input_only=False, target_images_per_sec=0):
+  """Measures the throughputs; returns the figures as a dict.
+
+  The input alone always, with its rate per core, beside the reference
+  preprocessing on the same files (TFRecord JPEGs) and against
+  `target_images_per_sec` (what the accelerators consume); the model on a
+  synthetic batch and on the real input unless `input_only`.
+  """
+  source, batch = plan.source, plan.global_batch_size
+  spe = plan.steps_per_execution
+  batches = executions * spe
+  logging.info('Input alone: two passes of up to %d batches of %d', batches,
+               batch)
+  cold, warm = input_throughput(config, source, batch, batches, plan.cache)
+  cores = available_cores()
+  result = {
+      'model': config.model, 'dataset': source.name,
+      'image_size': config.image_size, 'global_batch_size': batch,
+      'steps_per_execution': spe, 'policy': plan.policy,
+      'backend': plan.backend.name, 'device_kind': plan.hardware.device_kind,
+      'detail': plan.hardware.detail,
+      'strategy': plan.hardware.strategy_name,
+      'num_replicas': plan.hardware.num_replicas, 'xla': plan.xla,
+      'cache': plan.cache, 'augment': config.augment, 'cores': cores,
+      'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
+      'input_images_per_sec_per_core': warm / cores,
+  }
+  if source.name == 'tfrecord':
+    # Alternated, as neighbours on a shared machine change both alike.
+    logging.info('Ours and the reference preprocessing (tensorflow/tpu) on '
+                 'the same files, alternated %d times', _ROUNDS)
+    files = tfrecords.list_files(config.train_files)
+    ours, reference = zip(*[
+        (input_throughput(config, source, batch, batches, plan.cache)[1],
+         reference_throughput(files, config.image_size, batch, batches))
+        for _ in range(_ROUNDS)])
+    result.update(
+        input_rounds_images_per_sec=list(ours),
+        reference_rounds_images_per_sec=list(reference),
+        reference_input_images_per_sec=statistics.median(reference),
+        input_vs_reference=statistics.median(
+            o / r for o, r in zip(ours, reference)))
+  if target_images_per_sec:
+    result.update(target_images_per_sec=target_images_per_sec,
+                  input_feeds_target=warm >= target_images_per_sec,
+                  cores_for_target=math.ceil(
+                      target_images_per_sec / (warm / cores)))
+  if not input_only:
+    result.update(_train_throughputs(config, plan, executions))
+    result['input_headroom'] = warm / result['train_synthetic_images_per_sec']
+  return result
+
+
+def _train_throughputs(config, plan, executions):
+  """Training on one synthetic batch on the device, then on the real input."""
+  source = plan.source
+  batch, spe = plan.global_batch_size, plan.steps_per_execution
+  trainer = plan.backend.build_trainer(config, plan)
+  compile_s, synthetic_rate, synthetic_wait = _synthetic_throughput(
+      config, plan, trainer, executions)
+  logging.info('Training on the real input: %d executions', executions)
+  real_iterator = iter(plan.backend.distribute(
+      plan.hardware, inputs.train_input_fn(config, source, batch, plan.cache)))
+  _, seconds, real_wait = _timed_executions(trainer, real_iterator, spe,
+                                            executions)
+  return {
+      'train_synthetic_images_per_sec': synthetic_rate,
+      'train_synthetic_input_wait_fraction': synthetic_wait,
+      'train_real_images_per_sec': batch * spe * executions / seconds,
+      'train_real_input_wait_fraction': real_wait,
+      'compile_s': compile_s,
+  }
+
+
+def _synthetic_throughput(config, plan, trainer, executions):
+  """(compile_s, images/s, input wait) training on one random batch that is
+  already on the device: the model's ceiling."""
+  batch, spe = plan.global_batch_size, plan.steps_per_execution
+  size = config.image_size
+  rng = np.random.RandomState(0)
+  images = rng.randint(0, 256, (batch, size, size, 3)).astype(np.uint8)
+  labels = rng.randint(0, plan.source.num_classes, batch).astype(np.int32)
+
+  def synthetic(input_context):
+    per_replica = input_context.get_per_replica_batch_size(batch)
+    one = tf.data.Dataset.from_tensors((images[:per_replica],
+                                        labels[:per_replica]))
+    return one.cache().repeat()
+
+  logging.info('Training on a synthetic batch: %d executions', executions)
+  iterator = iter(plan.backend.distribute(plan.hardware, synthetic))
+  compile_s, seconds, wait = _timed_executions(trainer, iterator, spe,
+                                               executions)
+  return compile_s, batch * spe * executions / seconds, wait
+
+
+def across_backends(names, args):
+  """The benchmark of `args` on each Keras backend, one child process each
+  (`python -m launch.benchmark --backend=NAME`), one after the other so
+  they never share the cores; {'backends': [name, result dict]...}."""
+  results = []
+  for name in names:
+    with tempfile.TemporaryDirectory() as folder:
+      output = os.path.join(folder, 'result.json')
+      logging.info('Benchmarking on --backend=%s', name)
+      child = subprocess.run(
+          [sys.executable, '-m', 'launch.benchmark', f'--backend={name}',
+           f'--output={output}', *args], capture_output=True, text=True,
+          check=False)
+      if child.returncode:
+        lines = (child.stderr.strip() or 'no output').splitlines()
+        raise UserError(f'the benchmark on --backend={name} failed: '
+                        f'{lines[-1]}')
+      with open(output) as f:
+        results.append([name, json.load(f)])
+  return {'backends': results}
+
+
+def xla_settings(hardware):
+  """(--xla value, why it is skipped or None) worth trying on `hardware`."""
+  if hardware.device_kind == 'TPU':
+    return [('on', None)]  # A TPU runs nothing but XLA programs.
+  if hardware.num_replicas > 1:
+    return [('off', None), ('on', 'XLA fails under Mirrored strategies in '
+                            'Keras 3 (keras#21366, keras#18666)')]
+  return [('off', None), ('on', None)]
+
+
+def sweep(config, request, policies, xla=('off', 'on'), executions=3,
+          hardware=None):
+  """Trains a few executions on a synthetic batch for every valid (policy,
+  XLA) pair: rows of images/s and compile time, or why a pair was skipped.
+
+  For deciding on new hardware in minutes: no accuracy (launch.compare
+  trains to accuracy). The hardware is found once (unless given), for all
+  pairs.
+  """
+  hardware = hardware or plan_lib.find_hardware(request)
+  rows = []
+  for policy in policies:
+    for setting, skip in xla_settings(hardware):
+      if setting not in xla:
+        continue
+      row = {'policy': policy, 'xla': setting}
+      rows.append(row)
+      if skip:
+        row['skipped'] = skip
+        continue
+      try:
+        run_plan = plan_lib.resolve(
+            config, dataclasses.replace(request, policy=policy, xla=setting),
+            hardware)
+      except UserError as e:
+        row['skipped'] = str(e)
+        continue
+      trainer = run_plan.backend.build_trainer(config, run_plan)
+      compile_s, rate, _ = _synthetic_throughput(config, run_plan, trainer,
+                                                 executions)
+      row.update(images_per_sec=rate, compile_s=compile_s)
+  measured = [r for r in rows if 'images_per_sec' in r]
+  fastest = max(measured, key=lambda r: r['images_per_sec'], default=None)
+  float32 = [r['images_per_sec'] for r in measured if r['policy'] == 'float32']
+  return {
+      'device_kind': hardware.device_kind, 'detail': hardware.detail,
+      'gpu_name': hardware.gpu_name, 'time': time.strftime('%Y-%m-%d %H:%M'),
+      'strategy': hardware.strategy_name, 'model': config.model,
+      'image_size': config.image_size,
+      'global_batch_size': config.global_batch_size, 'rows': rows,
+      'fastest': fastest,
+      'speedup_over_float32': (fastest['images_per_sec'] / max(float32)
+                               if fastest and float32 else None),
+  }

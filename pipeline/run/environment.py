@@ -1,0 +1,213 @@
+"""Process settings TensorFlow reads once, as it loads: set them before.
+
+Importable without TensorFlow; the launchers call `prepare(sys.argv)` in
+their first lines, before anything imports TensorFlow.
+"""
+
+import argparse
+import atexit
+import os
+import re
+import subprocess
+import sys
+import threading
+
+from pipeline import backends
+from pipeline.run import compile_cache
+from pipeline.run import stopping
+from pipeline.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# What TensorFlow's and libtpu's native code print at start-up on a machine
+# without the hardware they probe, before any log level applies (they are
+# written "before absl::InitializeLog() is called"): nothing about the run.
+# A driver TensorFlow cannot use is caught in one line by devices.py.
+NATIVE_NOISE = re.compile('|'.join([
+    r'All log messages before absl::InitializeLog\(\) is called',
+    r'Could not find cuda drivers on your machine',
+    r'failed call to cuInit',
+    r'oneDNN custom operations are on',
+    r'This TensorFlow binary is optimized to use available CPU instructions',
+    r'To enable the following instructions: .* rebuild TensorFlow',
+    r'Unable to register cu(DNN|FFT|BLAS) factory',
+    r'computation placer already registered',
+    r'TF-TRT Warning: Could not find TensorRT',
+]))
+# What libtpu (TensorFlow's TPU build) prints when it finds no TPU: noise
+# for a run that asked for none, hidden only then.
+NO_TPU_NOISE = re.compile('|'.join([
+    r'Failed to find host bounds for accelerator type',
+    r'Logging before InitGoogle\(\) is written to STDERR',
+    r'unexpected worker hostname .* TPU_WORKER_HOSTNAMES',
+    r'=== Source Location Trace: ===',
+    r'libtpu_init_utils\.cc',
+    r'Failed to (get|read) .*metadata',
+]))
+# Native lines about the run that nobody needs on the console; they go to
+# the run's log file (run.log) instead.
+QUIET = re.compile('|'.join([
+    # XLA drops tf.debugging asserts (Keras' own, in its metrics).
+    r'assert_op\.cc:\d+\] Ignoring Assert operator',
+    # XLA's GPU autotuner, timing kernels on a busy GPU.
+    r'cuda_timer\.cc:\d+\] Delay kernel timed out',
+    # TensorFlow tries text before binary when it loads a compiled program
+    # from the compile cache (pipeline/run/compile_cache.py).
+    r'text_format\.cc:\d+\] Error parsing text-format '
+    r'tensorflow\.XlaSerializedCacheEntry',
+    # A damaged or odd image: TensorFlow's JPEG decoder, and libjpeg's and
+    # libpng's bare lines, none naming the file (ImageNet has a few). The
+    # run counts the records it could not decode ("skipped records").
+    r'jpeg_mem\.cc:\d+\] ',
+    r'^(Corrupt JPEG data|Premature end of JPEG file|Input file read error|'
+    r'Improper call to JPEG library|Not a JPEG file|Invalid JPEG file '
+    r'structure|Unsupported marker type|libpng (warning|error): )',
+]))
+# A line this process writes to the filter: the log file for QUIET lines.
+_LOG_MARKER = 'PIPELINE_NATIVE_LOG='
+_filtering = []
+_direct = []  # The real stderr's descriptor while the filter runs.
+
+def _flag(argv, name):
+  """The --NAME value in `argv` (absl syntax), or None if not given."""
+  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  parser.add_argument(f'--{name}', f'-{name}')
+  known, _ = parser.parse_known_args(argv[1:])
+  return getattr(known, name)
+
+
+def requested_policy(argv):
+  """The --policy value in `argv` (absl syntax), or None if not given."""
+  return _flag(argv, 'policy')
+
+
+def prepare(argv):
+  """Sets TensorFlow's and Keras' load-time switches for the run `argv`
+  asks for; a one-line exit for a backend that cannot run. From here on,
+  SIGTERM and Ctrl-C end the process in one line (pipeline/run/stopping.py)."""
+  stopping.install()
+  try:
+    backends.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
+    compile_cache.prepare(_flag(argv, 'config.compile_cache_dir'))
+  except UserError as e:
+    sys.exit(f'error: {e}')
+  # Warnings and errors from TensorFlow's C++ side; its INFO lines are noise.
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+  if not _flag(argv, 'tpu'):
+    # No TPU asked for: libtpu (the TPU build) would spend minutes asking a
+    # GCE metadata server that is not there, logging each retry.
+    os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  # Only in a launcher run as a program: a process that imports one (a
+  # test harness capturing stderr itself) keeps its stderr as it is.
+  if os.path.abspath(argv[0] if argv else '').startswith(
+      os.path.join(REPO, 'launch') + os.sep):
+    filter_native_stderr(NATIVE_NOISE if _flag(argv, 'tpu') else re.compile(
+        f'{NATIVE_NOISE.pattern}|{NO_TPU_NOISE.pattern}'))
+  if requested_policy(argv) == 'rewrite':
+    # --policy=rewrite on a CPU is oneDNN's bfloat16 rewrite, and TensorFlow
+    # leaves oneDNN off on CPUs without AVX-512. An explicit 0 is kept: the
+    # run then stops in one line (the TensorFlow backend's graph_rewrite.py).
+    os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
+
+
+# The filter: its own process, so lines a crash leaves in the pipe (a
+# native "Check failed") still reach the screen after this one dies. It
+# ignores the signals its run handles (a signal to the whole process group,
+# as `timeout`, a VM's shutdown or a terminal's Ctrl-C send, must leave it
+# to pass the run's last lines) and ends when the pipe closes.
+_FILTER = """
+import re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+noise, quiet, marker = re.compile(sys.argv[1]), re.compile(sys.argv[2]), sys.argv[3]
+out, log, kept = sys.stdout.buffer, None, []
+for line in sys.stdin.buffer:
+  text = line.decode('utf-8', 'replace')
+  if text.startswith(marker):
+    if log:
+      log.close()
+    path = text[len(marker):].strip()
+    log = open(path, 'ab') if path else None
+    if log:
+      log.writelines(kept)
+      log.flush()
+      kept = []
+  elif noise.search(text):
+    continue
+  elif quiet.search(text):
+    if log:
+      log.write(line)
+      log.flush()
+    else:
+      kept = kept[-999:] + [line]
+  else:
+    try:
+      out.write(line)
+      out.flush()
+    except OSError:
+      pass  # The terminal is gone; keep draining, so the run never blocks.
+"""
+
+
+def filter_native_stderr(noise=NATIVE_NOISE):
+  """Drops `noise` lines that native code writes to this process's stderr
+  (file descriptor 2) and sends QUIET ones to the log file that
+  `native_lines_to` names (kept until then); every other line passes, in
+  order.
+
+  Python's own output (logging, progress bars, tracebacks, a one-line
+  error) goes straight to the real stderr through a new sys.stderr, so
+  nothing waits on the filter but native lines. Should the filter end
+  early (killed), native lines go straight to the real stderr from then on:
+  a write to its closed pipe never raises. PIPELINE_RAW_STDERR=1 leaves
+  stderr alone.
+  """
+  if os.environ.get('PIPELINE_RAW_STDERR') or _filtering:
+    return
+  _filtering.append(True)
+  sys.stderr.flush()
+  direct = os.dup(2)
+  read_end, write_end = os.pipe()
+  child = subprocess.Popen(
+      [sys.executable, '-S', '-c', _FILTER, noise.pattern, QUIET.pattern,
+       _LOG_MARKER],
+      stdin=read_end, stdout=direct, stderr=direct)
+  os.close(read_end)
+  os.dup2(write_end, 2)
+  os.close(write_end)
+  sys.stderr = os.fdopen(direct, 'w', buffering=1, errors='backslashreplace')
+  _direct.append(direct)
+
+  def bypass_when_it_ends():
+    child.wait()
+    _bypass()
+
+  threading.Thread(target=bypass_when_it_ends, daemon=True,
+                   name='stderr-filter-watch').start()
+
+  def drain():
+    # At a normal exit: close our end and let the filter finish, so its
+    # last lines land before the shell's prompt.
+    try:
+      _bypass()
+      child.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+      pass  # A child process of ours still holds the pipe; it will end.
+
+  atexit.register(drain)
+
+
+def native_lines_to(path):
+  """From now on QUIET native lines, and those kept so far, go to the file
+  `path` (appended to); '' stops that. Nothing without the filter."""
+  if _filtering and _direct:
+    try:
+      os.write(2, f'{_LOG_MARKER}{path}\n'.encode())
+    except OSError:  # The filter has ended: nothing to tell it.
+      _bypass()
+
+
+def _bypass():
+  """Native lines straight to the real stderr, the filter left out."""
+  if _direct:
+    os.dup2(_direct.pop(), 2)

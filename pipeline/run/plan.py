@@ -1,0 +1,294 @@
+"""The resolved run: every choice made once, before any model is built.
+
+`resolve(config, request)` finds the hardware and strategy (through the
+chosen backend, which the plan carries), resolves the
+precision policy, XLA and steps per execution (each with its reason), checks
+the config, the workdir and the data, and sizes the run. The result is one
+frozen `Plan`: `run.json` is `Plan.to_json()`, `--dry_run` prints it, and the
+training loop, the benchmark and launch.compare read it rather than choosing
+again.
+"""
+
+import dataclasses
+from typing import Optional
+
+from absl import logging
+
+from pipeline import backends
+from pipeline.data import cache as cache_lib
+from pipeline.data import sources
+from pipeline.errors import UserError
+from pipeline.run import compile_cache as compile_cache_lib
+from pipeline.run import hardware as hardware_lib
+from pipeline.run import precision
+from pipeline.run import saved_policy
+from pipeline.run import schedule
+from pipeline.run import validation
+from pipeline.storage import workdirs
+from pipeline.training import finetune
+from pipeline.training import models
+
+# Fields that must match for a workdir's checkpoints to be restorable.
+RUN_IDENTITY = ('dataset', 'model', 'image_size')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Everything resolved before training: printed, saved, and used."""
+  hardware: hardware_lib.Hardware
+  precision: precision.Precision
+  xla: bool
+  xla_reason: str
+  steps_per_execution: int
+  steps_per_execution_reason: str
+  global_batch_size: int
+  peak_learning_rate: float
+  source: sources.Source
+  steps_per_epoch: int
+  total_steps: int
+  workdir: Optional[workdirs.Workdir]
+  cache: str = 'decoded'  # cache.choose's kind: none, decoded, encoded.
+  cache_reason: str = ''
+  frozen_steps: int = 0  # Fine-tuning: steps that train the head alone.
+  backend: object = None  # The backends.interface.Backend that runs it.
+  backend_reason: str = ''
+  compile_cache: Optional[compile_cache_lib.Settings] = None
+
+  @property
+  def policy(self):
+    return self.precision.policy
+
+  @property
+  def per_replica_batch_size(self):
+    return self.global_batch_size // self.hardware.num_replicas
+
+  @property
+  def io_device(self):
+    """Where checkpoint and export files are read and written: this host
+    for a TPU Node, whose variables live on remote hosts; None: default."""
+    return '/job:localhost' if self.hardware.tpu_workers_remote else None
+
+  @property
+  def examples_per_epoch(self):
+    return self.steps_per_epoch * self.global_batch_size
+
+  def out_of_memory_message(self, config):
+    """One line for an accelerator (or host) that ran out of memory."""
+    hardware = self.hardware
+    return (f'out of memory on {hardware.device_kind} ({hardware.detail}): '
+            f'{config.model} at image_size={config.image_size}, '
+            f'{self.source.num_classes} classes, with '
+            f'{self.per_replica_batch_size} images per replica '
+            f'(global_batch_size={self.global_batch_size}) under '
+            f'{self.policy}; lower --config.global_batch_size or '
+            '--config.image_size, or pick a smaller model'
+            + ('' if self.precision.sixteen_bit else
+               ' or a 16-bit --policy (half the activation memory)'))
+
+  def to_json(self):
+    """The resolved run as run.json's 'resolved' object."""
+    hw = self.hardware
+    return {
+        'backend': self.backend.name,
+        'backend_reason': self.backend_reason,
+        'device_kind': hw.device_kind,
+        'devices': hw.detail,
+        'strategy': hw.strategy_name,
+        'num_replicas': hw.num_replicas,
+        'num_workers': hw.num_workers,
+        'policy': self.policy,
+        'policy_reason': self.precision.reason,
+        'loss_scaling': self.precision.loss_scaling,
+        'graph_rewrite': self.precision.graph_rewrite,
+        'xla': self.xla,
+        'xla_reason': self.xla_reason,
+        'compile_cache': (self.compile_cache.directory if self.compile_cache
+                          else None),
+        'global_batch_size': self.global_batch_size,
+        'per_replica_batch_size': self.per_replica_batch_size,
+        'steps_per_execution': self.steps_per_execution,
+        'steps_per_execution_reason': self.steps_per_execution_reason,
+        'peak_learning_rate': self.peak_learning_rate,
+        'dataset': self.source.name,
+        'num_classes': self.source.num_classes,
+        'train_examples': self.source.num_train_examples,
+        'eval_examples': self.source.num_eval_examples,
+        'steps_per_epoch': self.steps_per_epoch,
+        'examples_per_epoch': self.examples_per_epoch,
+        'total_steps': self.total_steps,
+        'frozen_steps': self.frozen_steps,
+        'cache': self.cache,
+        'cache_reason': self.cache_reason,
+        'workdir': self.workdir.url if self.workdir else None,
+        'software': hardware_lib.software(),
+    }
+
+  def describe(self, config):
+    """The plan as the lines a run prints first."""
+    hw, p = self.hardware, self.precision
+    return [
+        f'Backend: {self.backend.name} ({self.backend_reason})',
+        f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
+        f'{hw.num_replicas} replica(s) over {hw.num_workers} worker(s)',
+        f'Software: {hardware_lib.software()}',
+        f'Precision: {p.policy} ({p.reason}'
+        f'{"; " + p.graph_rewrite if p.graph_rewrite else ""}); loss scaling '
+        f'{"on" if p.loss_scaling else "off"}',
+        f'XLA: {"on" if self.xla else "off"} ({self.xla_reason})'
+        + (f'; {self.compile_cache.describe()}'
+           if self.xla and self.compile_cache else ''),
+        f'Batch: {self.global_batch_size} global, '
+        f'{self.per_replica_batch_size} per replica; '
+        f'{self.steps_per_execution} steps per execution '
+        f'({self.steps_per_execution_reason})',
+        f'Workdir: {self.workdir.url if self.workdir else "none"}',
+        f'Data: {self.source.name}, {self.source.num_classes} classes, '
+        f'{self.source.num_train_examples} train / '
+        f'{self.source.num_eval_examples} eval examples; {self.total_steps} '
+        f'steps ({config.epochs} epochs of {self.steps_per_epoch}); peak '
+        f'learning rate {self.peak_learning_rate:.3g} = base '
+        f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
+        '256',
+        f'Input: cache {self.cache} ({self.cache_reason}); augment '
+        f'{config.augment}{_mixing(config)}'
+        + (f'; training input from tf.data service {config.data_service} '
+           '(sharding OFF: each worker streams the whole set)'
+           if config.data_service else ''),
+        self._recipe(config),
+    ]
+
+  def _recipe(self, config):
+    """The model and optimisation choices, in one line."""
+    accumulation = config.gradient_accumulation_steps
+    ema_decay = config.ema_decay
+    return (
+        f'Recipe: {config.model}, stochastic depth '
+        f'{config.drop_connect_rate:g}; {config.optimizer}, '
+        f'{config.lr_schedule} schedule'
+        + (f'; {accumulation} micro-batches of '
+           f'{self.global_batch_size // accumulation} per update (steps '
+           'count updates)' if accumulation > 1 else '')
+        + (f'; moving average {ema_decay:g} (evaluated and exported)'
+           if ema_decay else '; no moving average')
+        + f'; {finetune.describe(config.init_from)}'
+        + (f', backbone frozen for the first {self.frozen_steps} steps'
+           if self.frozen_steps else ''))
+
+
+def resolve(config, request, hardware=None):
+  """Resolves and checks everything a run needs, short of building a model.
+
+  Hardware (unless given: tests hand in a TPU's), precision, XLA, steps per
+  execution, the config's values, workdir access (the bucket preflight for
+  gs://) and its identity, the data source and its size, the cache and the
+  batch split. Logs the plan; raises a one-line UserError for any mistake.
+  """
+  backend, backend_reason = backends.chosen()
+  # First, so a backend that then finds no hardware has said why it ran.
+  logging.info('Backend: %s (%s)', backend.name, backend_reason)
+  hardware = hardware or backend.resolve_hardware(request)
+  resolved_precision = precision.resolve(
+      request.policy, hardware.device_kind, hardware.gpu_compute_capability,
+      _measured(request, hardware, backend), backend.policy)
+  xla, xla_reason = backend.choose_xla(request.xla, hardware,
+                                       resolved_precision.policy)
+  steps_per_execution, steps_reason = schedule.choose_steps_per_execution(
+      config.steps_per_execution, hardware.device_kind)
+  validation.validate(config, hardware.num_replicas, models.MODELS)
+  workdir = _open_workdir(config, request, hardware, backend)
+  source = sources.load_source(config)
+  cache, cache_reason = cache_lib.choose(config, source)
+  steps_per_epoch = schedule.epoch_steps(config.examples_per_epoch,
+                                source.num_train_examples,
+                                config.global_batch_size)
+  plan = Plan(
+      hardware=hardware, precision=resolved_precision, xla=xla,
+      xla_reason=xla_reason, steps_per_execution=steps_per_execution,
+      steps_per_execution_reason=steps_reason,
+      global_batch_size=config.global_batch_size,
+      peak_learning_rate=config.base_learning_rate *
+      config.global_batch_size / 256,
+      source=source, steps_per_epoch=steps_per_epoch,
+      total_steps=config.epochs * steps_per_epoch, workdir=workdir,
+      cache=cache, cache_reason=cache_reason,
+      frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
+      backend=backend, backend_reason=backend_reason,
+      compile_cache=_compile_cache(config))
+  for line in plan.describe(config)[1:]:  # The backend's line is out.
+    logging.info('%s', line)
+  return plan
+
+
+def find_hardware(request):
+  """This process's Hardware, found by the chosen backend (resolve does it
+  too; a sweep finds it once for many plans)."""
+  return backends.chosen()[0].resolve_hardware(request)
+
+
+def _measured(request, hardware, backend):
+  """The policy the user's saved sweep found fastest on this GPU model and
+  the backend's software, with its reason; None elsewhere."""
+  if request.policy != 'auto' or not hardware.gpu_name:
+    return None
+  return saved_policy.load(hardware.gpu_name, backend.software())
+
+
+def _compile_cache(config):
+  """What environment.prepare set up before TensorFlow loaded (None in a
+  process that did not run it); the config must agree with it."""
+  settings = compile_cache_lib.chosen()
+  if settings and config.compile_cache_dir != settings.setting:
+    raise UserError(
+        f'compile_cache_dir={config.compile_cache_dir!r} came from a config '
+        'file; XLA reads it as TensorFlow loads, before configs are: give it '
+        f'on the command line, --config.compile_cache_dir='
+        f'{config.compile_cache_dir}')
+  return settings
+
+
+def _open_workdir(config, request, hardware, backend):
+  """The run's Workdir, checked: TPU Node paths, writability, identity."""
+  if request.workdir is None:
+    return None
+  if hardware.tpu_workers_remote:
+    workdirs.check_remote_tpu_paths(config, request.workdir)
+  workdir = workdirs.Workdir(request.workdir, request.staging_dir,
+                            lease_s=request.workdir_lease_s)
+  if hardware.is_chief:
+    workdir.check()  # For gs://: bucket exists and takes a write, or one line.
+    if not _check_same_run(workdir, config,
+                           backend if request.trains else None):
+      finetune.check_source(config, request.staging_dir)
+  return workdir
+
+
+def _check_same_run(workdir, config, backend=None):
+  """A one-line UserError if the workdir holds another run, or (given the
+  `backend` that would resume it) this one trained on the other backend:
+  each resumes from its own checkpoint files, and the other's would be
+  passed over and the run start again. Whether it holds this run."""
+  saved = workdir.read_json('run.json')
+  if not saved:
+    return False
+  for key in RUN_IDENTITY:
+    if saved['config'].get(key) != config[key]:
+      raise UserError(
+          f'workdir {workdir.url!r} holds a run with {key}='
+          f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
+          '--workdir to start a new run')
+  trained_on = backends.trained_on(saved.get('resolved', {}))
+  if backend and trained_on is not backend:
+    raise UserError(
+        f'workdir {workdir.url!r} holds a run trained on {trained_on.name}, '
+        f'which resumes there only: --backend={trained_on.name}, or another '
+        '--workdir')
+  return True
+
+
+def _mixing(config):
+  mixes = [f'{name} {config[f"{name}_alpha"]:g}'
+           for name in ('mixup', 'cutmix') if config[f'{name}_alpha']]
+  return (f'; {" or ".join(mixes)} per batch (training accuracy is against '
+          'the dominant label)' if mixes else '')
+
+

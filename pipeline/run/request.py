@@ -1,0 +1,25 @@
+"""What the command line asked for, before anything is resolved."""
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What the command line asked for (launch/cli.py fills it from flags)."""
+  workdir: Optional[str] = None  # None: a run that writes none (benchmark).
+  staging_dir: str = '/tmp/pipeline-staging'  # Local copy of a gs:// workdir.
+  policy: str = 'auto'
+  xla: str = 'auto'
+  tpu: str = ''
+  tpu_zone: Optional[str] = None
+  gcp_project: Optional[str] = None
+  tpu_runtime_version: str = ''
+  gpus: str = ''
+  num_cpu_devices: int = 1
+  collective: str = 'auto'
+  collective_timeout_s: float = 300.0  # Bounds every collective.
+  allow_cpu: bool = False  # Train on the CPU beside unusable NVIDIA GPUs.
+  # A gs:// workdir's lease lapses this long after its holder's last renewal.
+  workdir_lease_s: float = 120.0
+  trains: bool = True  # False: reads another run's workdir (launch.evaluate).

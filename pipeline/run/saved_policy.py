@@ -1,0 +1,83 @@
+"""A policy measured on this GPU wins over the rule.
+
+`--policy=auto` on a GPU follows a rule of compute capability (precision.py).
+A user who measured their GPU with `launch.benchmark --policies=...
+--save_policy` keeps the sweep's fastest policy in their cache folder, keyed
+by the GPU model and the software (TensorFlow and cuDNN versions); `auto`
+then takes it on the same GPU and software, and the plan line says so with
+the figures. Another GPU model or software ignores it: the figures would not
+hold there.
+"""
+
+import json
+import os
+
+from absl import logging
+
+from pipeline import backends
+from pipeline.run import compile_cache
+from pipeline.errors import UserError
+
+
+def path(gpu_name, software):
+  return compile_cache.user_folder(
+      'policy', compile_cache.slug(gpu_name),
+      f'{compile_cache.slug(software)}.json')
+
+
+def save(sweep, gpu_name, software):
+  """Keeps `sweep`'s (benchmark.sweep's result) fastest policy for this GPU
+  and software; returns the file's path."""
+  fastest = sweep['fastest']
+  others = {}
+  for row in sweep['rows']:
+    if 'images_per_sec' in row and row['policy'] != fastest['policy']:
+      others[row['policy']] = max(others.get(row['policy'], 0),
+                                  row['images_per_sec'])
+  record = {'policy': fastest['policy'],
+            'images_per_sec': fastest['images_per_sec'], 'others': others,
+            'gpu': gpu_name, 'software': software,
+            'model': sweep['model'], 'image_size': sweep['image_size'],
+            'global_batch_size': sweep['global_batch_size'],
+            'saved': sweep.get('time', '')}
+  target = path(gpu_name, software)
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  with open(target + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=2)
+  os.replace(target + '.tmp', target)  # Never half a file.
+  return target
+
+
+def save_sweep(sweep):
+  """Saves a GPU sweep's fastest policy for this software; the line that
+  says so."""
+  if not sweep['fastest']:
+    raise UserError('--save_policy: no policy was measured, nothing to keep')
+  software = backends.chosen()[0].software()
+  target = save(sweep, sweep['gpu_name'], software)
+  return (f'saved {sweep["fastest"]["policy"]} for {sweep["gpu_name"]} with '
+          f'{software}: --policy=auto takes it there ({target})')
+
+
+def load(gpu_name, software):
+  """(policy, reason) saved for this GPU and software, or None. An
+  unreadable file is passed over with one warning line."""
+  source = path(gpu_name, software)
+  if not os.path.exists(source):
+    return None
+  try:
+    with open(source, encoding='utf-8') as f:
+      record = json.load(f)
+    policy, rate = record['policy'], float(record['images_per_sec'])
+    others = ', '.join(f'{name} {value:,.0f}'
+                       for name, value in sorted(record['others'].items()))
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    logging.warning('saved policy %s is unreadable (%s); using the rule; '
+                    'launch.benchmark --policies=... --save_policy writes it '
+                    'again', source, e)
+    return None
+  return policy, (
+      f'your sweep saved for this GPU and software: {rate:,.0f} img/s'
+      + (f' against {others}' if others else '')
+      + f' ({record.get("model")} {record.get("image_size")} px, batch '
+      f'{record.get("global_batch_size")}; {source})')

@@ -1,0 +1,160 @@
+"""The config, completed from configs/default.py and checked field by field.
+
+`complete(values)` is how every config reaches the library: a config file
+that omits a key, and a run.json written before a key existed, get that
+key's value from configs/default.py, the one home of every default.
+`validate(config, num_replicas)` is the one place a field's value is
+checked; the modules that use a field trust it. Checks that need the data
+(examples_per_epoch, the cache) or the filesystem (init_from's source, the
+workdir) happen where those are opened, in pipeline/run/plan.py.
+"""
+
+import re
+
+from configs import default
+from pipeline.errors import UserError
+
+OPTIMIZERS = ('adamw', 'sgd', 'rmsprop')
+LR_SCHEDULES = ('cosine', 'exponential')
+AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
+                 'inception_randaugment')
+KEEP_BEST_METRICS = ('', 'eval_accuracy', 'eval_loss')
+TFLITE_WEIGHTS = ('', 'float32', 'float16')
+_DATA_SERVICE = re.compile(r'^grpc://[^:/\s]+:\d+$')
+
+
+def complete(values, source='the config'):
+  """A ConfigDict of every default key, `values` (a dict or ConfigDict) on top.
+
+  A key that configs/default.py does not have is a one-line UserError
+  naming `source`: a typo there would otherwise be silently ignored.
+  """
+  config = default.get_config()
+  values = values.to_dict() if hasattr(values, 'to_dict') else dict(values)
+  unknown = sorted(set(values) - set(config))
+  if unknown:
+    raise UserError(f'unknown config key {unknown[0]!r} in {source}; the keys '
+                    'are the fields of configs/default.py')
+  for key, value in values.items():
+    try:
+      config[key] = value  # An int where the default is a float is fine.
+    except TypeError:
+      raise UserError(
+          f'config key {key!r} in {source} is {value!r} '
+          f'({type(value).__name__}); configs/default.py has '
+          f'{config[key]!r} ({type(config[key]).__name__})') from None
+  return config
+
+
+def profile_window(text):
+  """profile_steps '' or 'START,STOP' -> None or (start, stop)."""
+  if not text:
+    return None
+  try:
+    start, stop = (int(part) for part in str(text).split(','))
+  except ValueError:
+    start = stop = -1
+  if not 0 <= start < stop:
+    raise UserError(f'profile_steps={text!r}; accepted: \'\' (off) or '
+                    'START,STOP with 0 <= START < STOP, e.g. 10,20')
+  return start, stop
+
+
+def validate(config, num_replicas, model_names):
+  """Raises a one-line UserError for the first field that cannot run.
+
+  `model_names`: the models pipeline/training/models.py builds (passed in, so this
+  module stays importable without Keras).
+  """
+  _check_batch(config, num_replicas)
+  _check_recipe(config, model_names)
+  _check_input(config)
+  _check_schedule_of_work(config)
+
+
+def _one_of(config, key, accepted, describe=None):
+  if config[key] not in accepted:
+    raise UserError(f'unknown {key} {config[key]!r}; accepted: '
+                    + (describe or ', '.join(accepted)))
+
+
+def _at_least(config, keys, low, why=''):
+  for key in keys:
+    if config[key] < low:
+      raise UserError(f'{key}={config[key]} must be {low} or more{why}')
+
+
+def _check_batch(config, replicas):
+  batch = config.global_batch_size
+  if batch < 1 or batch % replicas:
+    raise UserError(f'global_batch_size={batch} does not split over '
+                    f'{replicas} replicas; use a multiple of {replicas}')
+  accumulation = config.gradient_accumulation_steps
+  if accumulation < 1 or batch % (replicas * accumulation):
+    raise UserError(
+        f'gradient_accumulation_steps={accumulation} must be 1 or more and '
+        f"split each replica's share of global_batch_size={batch} "
+        f'({replicas} replica(s)) into equal micro-batches')
+  if config.steps_per_execution < 0:
+    raise UserError(f'steps_per_execution={config.steps_per_execution} must '
+                    'be 1 or more, or 0 to pick one for the device')
+  if config.examples_per_epoch < 0:
+    raise UserError(f'examples_per_epoch={config.examples_per_epoch} must be '
+                    '0 (the training set) or a multiple of the global batch')
+
+
+def _check_recipe(config, model_names):
+  _one_of(config, 'model', model_names)
+  if config.image_size < 32:
+    raise UserError(f'image_size={config.image_size} is too small for '
+                    'EfficientNet; use 32 or more')
+  _one_of(config, 'optimizer', OPTIMIZERS)
+  _one_of(config, 'lr_schedule', LR_SCHEDULES)
+  if not 0.0 <= config.ema_decay < 1.0:
+    raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 is '
+                    "off, 0.9999 is tensorflow/tpu's")
+  for key in ('drop_connect_rate', 'dropout_rate'):
+    if not 0.0 <= config[key] < 1.0:
+      raise UserError(f'{key}={config[key]} must be in [0, 1)')
+  _at_least(config, ('mixup_alpha', 'cutmix_alpha', 'l2_weight_decay',
+                     'weight_decay', 'label_smoothing', 'warmup_epochs'), 0,
+            ' (0 is off)')
+  if config.base_learning_rate <= 0:
+    raise UserError(f'base_learning_rate={config.base_learning_rate} must be '
+                    'more than 0')
+  freeze = config.freeze_backbone_epochs
+  if freeze < 0:
+    raise UserError(f'freeze_backbone_epochs={freeze} must be 0 or more')
+  if freeze and not config.init_from:
+    raise UserError(f'freeze_backbone_epochs={freeze} needs --config.'
+                    'init_from: a frozen random backbone learns nothing')
+  if freeze and freeze >= config.epochs:
+    raise UserError(f'freeze_backbone_epochs={freeze} leaves no epoch of '
+                    f'the {config.epochs} to train the whole model; use fewer')
+
+
+def _check_input(config):
+  _one_of(config, 'augment', AUGMENTATIONS)
+  address = config.data_service
+  if address and not _DATA_SERVICE.match(address):
+    raise UserError(f'data_service={address!r}; expected grpc://HOST:PORT of '
+                    "a dispatcher (python -m launch.data_service), or '' (off)")
+  if address and config.deterministic_input:
+    raise UserError('deterministic_input=True cannot hold through '
+                    'data_service: batches arrive in whatever order the '
+                    'workers make them; set one or the other')
+
+
+def _check_schedule_of_work(config):
+  """Intervals, retention, evaluation, export and recovery settings."""
+  _at_least(config, ('epochs', 'log_every_steps', 'checkpoint_every_steps',
+                     'keep_checkpoints', 'recovery_max_skipped_executions'), 1)
+  _at_least(config, ('recovery_max_trials',), 0)
+  if config.eval_every_epochs < 0:
+    raise UserError(f'eval_every_epochs={config.eval_every_epochs} must be '
+                    '0 (only at the end) or more')
+  _one_of(config, 'keep_best_metric', KEEP_BEST_METRICS,
+          "'' (off), eval_accuracy, eval_loss")
+  _one_of(config, 'export_tflite', TFLITE_WEIGHTS, "'' (off), float32, float16")
+  profile_window(config.profile_steps)
+

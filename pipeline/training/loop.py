@@ -1,0 +1,205 @@
+"""Train and evaluate one resolved run, top to bottom.
+
+train_and_evaluate(config, plan) builds the model on the plan's backend,
+restores the newest checkpoint, runs compiled multi-step executions and
+hands each to the periodic actions (progress, checkpoints, evaluation,
+preemption), then evaluates, exports and writes metrics.json.
+"""
+
+import functools
+import time
+
+from absl import logging
+import tensorflow as tf
+
+from pipeline.training import actions
+from pipeline.run import console
+from pipeline.data import inputs
+from pipeline.reports import export
+from pipeline.training import finetune
+from pipeline.reports import metrics
+from pipeline.training import preemption as preemption_lib
+from pipeline.training import progress as progress_lib
+from pipeline.run import stopping
+from pipeline.run import validation
+from pipeline.storage import workdir_lock
+from pipeline.storage.checkpoint import Checkpointer
+
+
+def train_and_evaluate(config, plan, extra_actions=()):
+  """Trains to the plan's last step, resuming from the workdir; returns metrics.
+
+  `extra_actions` run before the built-in ones at every execution boundary
+  (see pipeline/training/actions.py for the interface), so a test can inject a fault.
+  """
+  hardware, workdir = plan.hardware, plan.workdir
+  log_file, hold = None, None
+  if hardware.is_chief:
+    # Before anything is written: a second run on this workdir stops here.
+    hold = workdir_lock.WorkdirLock(workdir).acquire()
+    workdir.fetch(console.LOG_FILE)  # Appended to, on a resume.
+    log_file = console.log_to_file(workdir.path(console.LOG_FILE))
+  try:
+    return _train_and_evaluate(
+        config, plan, [*extra_actions, *([_still_held(hold)] if hold else [])])
+  finally:
+    console.stop_logging_to(log_file)
+    if log_file:
+      workdir.publish(console.LOG_FILE)
+    if hold:
+      hold.release()
+
+
+def _still_held(hold):
+  """A periodic action: stop if another run took this one's lease over."""
+  return lambda execution: hold.raise_if_lost()
+
+
+def _train_and_evaluate(config, plan, extra_actions):
+  hardware, workdir = plan.hardware, plan.workdir
+  if hardware.is_chief:
+    workdir.write_json('run.json', {'resolved': plan.to_json(),
+                                    'config': config.to_dict()})
+  trainer = plan.backend.build_trainer(config, plan)
+  # Before restoring: the seed's weights, equal across policies and batches.
+  initial_weights_sha256 = trainer.weights_sha256()
+  checkpointer, keep_best = _checkpointers(config, plan, trainer)
+  initial_step = _restore_or_initialize(config, plan, trainer, checkpointer)
+
+  backend, batch = plan.backend, plan.global_batch_size
+  train_data = backend.distribute(hardware, inputs.train_input_fn(
+      config, plan.source, batch, plan.cache,
+      service_job=f'train:{workdir.url}'))
+  eval_data = backend.distribute(hardware, inputs.eval_input_fn(
+      config, plan.source, batch, plan.cache))
+  train_writer, eval_writer = actions.summary_writers(workdir,
+                                                      hardware.is_chief)
+  _write_plan_text(config, plan, train_writer, initial_step)
+  progress = progress_lib.ReportProgress(
+      trainer, plan, config.log_every_steps, train_writer,
+      mixed_labels=bool(config.mixup_alpha or config.cutmix_alpha))
+  evaluate = actions.Evaluate(
+      trainer, eval_data, inputs.eval_steps(plan.source, batch),
+      int(round(plan.steps_per_epoch * config.eval_every_epochs)),
+      eval_writer, listeners=[keep_best] if keep_best else [])
+  save_on_stop = preemption_lib.SaveOnStop(
+      checkpointer, workdir, sum_over_workers=(
+          backend.sum_over_workers(hardware) if hardware.num_workers > 1
+          else None))
+  window = validation.profile_window(config.profile_steps)
+  profile = (actions.Profile(*window, workdir.path('tensorboard'),
+                             plan.steps_per_execution, initial_step,
+                             *backend.profiler())
+             if window and hardware.is_chief else None)
+  try:
+    with stopping.armed(resume_hint='rerun the same command to resume from '
+                        f'the last checkpoint committed to {workdir.url}'):
+      run_loop(trainer, iter(train_data), plan, initial_step, [
+          *extra_actions,
+          *([profile] if profile else []),
+          progress,
+          actions.RecoverFromDivergence(
+              trainer, checkpointer, config.recovery_max_trials,
+              config.recovery_max_skipped_executions),
+          save_on_stop,
+          actions.SaveCheckpoints(checkpointer, config.checkpoint_every_steps,
+                                  train_writer, workdir),
+          evaluate,
+      ])
+    final_eval = evaluate.run(plan.total_steps)
+    checkpointer.wait()
+  finally:
+    if profile:
+      profile.close()
+
+  result = metrics.run_metrics(
+      config, plan, trainer, progress, final_eval, initial_step=initial_step,
+      initial_weights_sha256=initial_weights_sha256,
+      checkpoint_blocked_s=checkpointer.blocked_s,
+      export_dir=export.export_run(config, plan, trainer))
+  if keep_best:  # Last: it loads the best weights into the model.
+    keep_best.checkpointer.restore_latest()
+    result.update(keep_best.metrics(), best_export_dir=export.export_run(
+        config, plan, trainer, 'export_best'))
+  if hardware.is_chief:
+    eval_writer.flush()
+    workdir.publish('tensorboard')
+    workdir.write_json('metrics.json', result)
+  metrics.log_done(result, workdir.url)
+  return result
+
+
+def _checkpointers(config, plan, trainer):
+  """The run's checkpoint series, and KeepBest's (None without
+  keep_best_metric)."""
+  hardware, workdir = plan.hardware, plan.workdir
+
+  def start_average_here(path):
+    # A run that resumes with a moving average it did not keep before.
+    logging.info('%s holds no moving average: it starts from its weights',
+                 path)
+    trainer.ema.reset()
+
+  def checkpointer_of(series, keep):
+    return Checkpointer(workdir, keep, hardware.is_chief, series=series,
+                        if_missing={'ema': start_average_here},
+                        files=functools.partial(trainer.checkpoint_files,
+                                                io_device=plan.io_device))
+
+  keep_best = (actions.KeepBest(config.keep_best_metric,
+                                checkpointer_of('checkpoints_best', 1),
+                                workdir, hardware.is_chief)
+               if config.keep_best_metric else None)
+  return checkpointer_of('checkpoints', config.keep_checkpoints), keep_best
+
+
+def _restore_or_initialize(config, plan, trainer, checkpointer):
+  """Restores the newest checkpoint; a run that starts at step 0 loads
+  init_from's backbone instead (a resumed run keeps its own weights).
+  Returns the step the run starts at."""
+  checkpointer.restore_latest()
+  initial_step = trainer.step
+  if initial_step:
+    logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
+  elif config.init_from:
+    logging.info('Initialized the %s', finetune.load_backbone(
+        config, trainer.model, plan.workdir.staging_root))
+    trainer.read_back()
+    if trainer.ema:
+      trainer.ema.reset()
+  return initial_step
+
+
+def _write_plan_text(config, plan, writer, step):
+  """The plan and config as TensorBoard text, so overlaid runs can be told
+  apart (the Text tab)."""
+  with writer.as_default(step=step):
+    tf.summary.text('plan', '\n'.join(f'- {line}'
+                                       for line in plan.describe(config)))
+    tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
+                    '\n```')
+
+
+def run_loop(trainer, iterator, plan, initial_step, periodic_actions):
+  """Runs executions of `plan.steps_per_execution` steps to the last step.
+
+  After each, every action gets the Execution: the loop knows nothing of
+  logging, checkpoints, evaluation or preemption. An execution ends where a
+  frozen backbone thaws (the trainer switches functions there).
+  """
+  step = initial_step
+  while step < plan.total_steps:
+    end = min(step + plan.steps_per_execution, plan.total_steps)
+    if step < plan.frozen_steps:
+      end = min(end, plan.frozen_steps)
+    num_steps = end - step
+    start = time.perf_counter()
+    outputs = trainer.train(iterator, num_steps)
+    execution = actions.Execution(step, step + num_steps, plan.total_steps,
+                                  time.perf_counter() - start, outputs)
+    try:
+      for action in periodic_actions:
+        action(execution)
+      step = execution.step
+    except actions.RolledBack as rollback:  # Divergence recovery.
+      step = rollback.step

@@ -1,0 +1,162 @@
+"""Progress of a run: throughput, input wait, the console line and curves.
+
+ReportProgress is a periodic action (pipeline/training/actions.py has the interface):
+after every execution it adds to the meter and the loss curve; every
+`log_every_steps` it prints the progress line and writes TensorBoard
+scalars, and warns once when the run is input-bound. Between lines, a live
+bar on terminals.
+"""
+
+from absl import logging
+import tensorflow as tf
+
+from pipeline.run import console
+
+# Above this fraction of time waiting for input, the run says it is input-bound.
+INPUT_BOUND_FRACTION = 0.10
+# Points of the training-loss curve in TensorBoard, whatever the run length.
+CURVE_POINTS = 200
+
+
+class Meter:
+  """Throughput and input wait, over a window and over the whole run.
+
+  The first execution traces and compiles; it is timed apart and never
+  counted in throughput.
+  """
+
+  def __init__(self, global_batch_size):
+    self.global_batch_size = global_batch_size
+    self.compile_s = None
+    self.total = [0, 0.0, 0.0]  # steps, seconds, input wait seconds
+    self.window = [0, 0.0, 0.0]
+
+  def add(self, steps, seconds, wait_s):
+    if self.compile_s is None:
+      self.compile_s = seconds
+      return
+    for totals in (self.total, self.window):
+      totals[0] += steps
+      totals[1] += seconds
+      totals[2] += wait_s
+
+  def _rates(self, steps, seconds, wait_s):
+    if not seconds:
+      return None, None
+    return steps * self.global_batch_size / seconds, wait_s / seconds
+
+  def take_window(self):
+    """(images/s, input wait fraction) since the last call."""
+    rates = self._rates(*self.window)
+    self.window = [0, 0.0, 0.0]
+    return rates
+
+  def overall(self):
+    """(images/s, input wait fraction) over the run, compile excluded."""
+    return self._rates(*self.total)
+
+
+def curve_every(total_steps):
+  """The step interval of the loss curve: at most CURVE_POINTS points (the
+  multiples of it, and the last step)."""
+  return max(1, -(-total_steps // CURVE_POINTS))
+
+
+class ReportProgress:
+  """Progress lines and TensorBoard scalars every `every_steps` steps.
+
+  Owns the meter and the count of records the input skipped (it arrives
+  with each execution's outputs), and warns once when the run waits for
+  input more than INPUT_BOUND_FRACTION of the time.
+  """
+
+  def __init__(self, trainer, plan, every_steps, writer, mixed_labels=False):
+    self.trainer = trainer
+    # Mixup and CutMix blend two labels: a hit is the dominant one.
+    self.accuracy_name = ('accuracy (dominant label)' if mixed_labels else
+                          'accuracy')
+    self.steps_per_epoch = plan.steps_per_epoch
+    self.every_steps = every_steps
+    self.writer = writer
+    self.skipped_records = 0
+    self.meter = Meter(plan.global_batch_size)
+    self._warned_input_bound = False
+    self._bar = None  # console.live_bar on a terminal.
+    self.curve_every = curve_every(plan.total_steps)
+
+  def __call__(self, execution):
+    first = self.meter.compile_s is None
+    self.meter.add(execution.num_steps, execution.seconds,
+                   execution.outputs['input_wait_s'])
+    self.skipped_records += int(execution.outputs.get('skipped_records', 0))
+    if first:
+      logging.info('First execution (tracing and compiling included): %.1f s',
+                   self.meter.compile_s)
+    self._record_curve(execution)
+    if execution.crossed(self.every_steps) or execution.is_last:
+      console.close_bar(self._bar)
+      self._bar = None
+      self._report(execution)
+    else:
+      self._show(execution)
+
+  def _record_curve(self, execution):
+    """Training loss points every `curve_every` steps (each step's own loss
+    comes back with the execution), so even a short run plots a curve of
+    about CURVE_POINTS points; the console keeps its own interval."""
+    losses = execution.outputs.get('step_losses')
+    if losses is None:
+      return
+    for step in range(execution.first_step + 1, execution.step + 1):
+      if step % self.curve_every == 0 or step == execution.total_steps:
+        with self.writer.as_default(step=step):
+          tf.summary.scalar('loss', losses[step - execution.first_step - 1])
+
+  def _show(self, execution):
+    """The live bar (terminals only) of the steps up to the next line."""
+    if self._bar is None:
+      stretch_end = min(
+          (execution.first_step // self.every_steps + 1) * self.every_steps,
+          execution.total_steps)
+      start = stretch_end - self.every_steps
+      self._bar = console.live_bar(stretch_end - max(start, 0),
+                                   f'steps to {stretch_end}')
+      if self._bar is None:
+        return
+      self._bar.update(execution.first_step - max(start, 0))
+    self._bar.update(execution.num_steps)
+    self._bar.set_postfix(loss=f'{execution.outputs["loss"]:.4f}',
+                          refresh=False)
+
+  def _report(self, execution):
+    out, trainer = execution.outputs, self.trainer
+    rate, wait = self.meter.take_window()
+    lr = trainer.learning_rate()
+    loss_scale = trainer.loss_scale
+    logging.info(
+        'step %d/%d (epoch %.1f): loss %.4f, %s %.3f, lr %.2e, '
+        '%s img/s, input wait %s%s%s', execution.step, execution.total_steps,
+        execution.step / self.steps_per_epoch, out['loss'],
+        self.accuracy_name, out['accuracy'],
+        lr, f'{rate:.0f}' if rate else '-',
+        f'{wait:.0%}' if wait is not None else '-',
+        f', loss scale {loss_scale:g}, skipped steps '
+        f'{trainer.skipped_steps}' if loss_scale is not None else '',
+        f', skipped records {self.skipped_records}'
+        if self.skipped_records else '')
+    if (wait is not None and wait > INPUT_BOUND_FRACTION and
+        not self._warned_input_bound):
+      logging.warning(
+          'Input-bound: training waited for data %.0f%% of the time; '
+          'see BUILD_NOTES.md "Input pipeline" for what helps.', 100 * wait)
+      self._warned_input_bound = True
+    with self.writer.as_default(step=execution.step):
+      tf.summary.scalar('accuracy', out['accuracy'])
+      tf.summary.scalar('learning_rate', lr)
+      if rate:
+        tf.summary.scalar('images_per_sec', rate)
+        tf.summary.scalar('input_wait_fraction', wait)
+      tf.summary.scalar('skipped_records', self.skipped_records)
+      if loss_scale is not None:
+        tf.summary.scalar('loss_scale', loss_scale)
+        tf.summary.scalar('skipped_steps', trainer.skipped_steps)
