@@ -12,6 +12,7 @@ it to .venv/bin/python): the JAX run's checkpoint is then evaluated there.
 """
 
 import json
+import math
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 from conftest import REPO
 from conftest import check_exports_agree
@@ -205,9 +207,34 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
   assert 'backbone frozen for the first 1 steps' in tuned.stderr
 
 
+def test_float16_trains_with_dynamic_loss_scaling_over_two_devices(
+    tfds_dir, tmp_path):
+  """T4s and V100s (compute capability 7.x) compute in float16: Keras'
+  LossScaleOptimizer in the compiled program, its scale and skipped steps
+  in the progress lines, TensorBoard and metrics.json as on TensorFlow.
+  Starting at 2**15, B0's first steps overflow and halve it."""
+  workdir = tmp_path / 'run'
+  result = run_train(*_args(workdir, tfds_dir, '--policy=mixed_float16'))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ('Precision: mixed_float16 (asked for with --policy); loss scaling '
+          'on') in result.stderr
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert (metrics['policy'], metrics['backend']) == ('mixed_float16', 'jax')
+  scale, skipped = metrics['final_loss_scale'], metrics['skipped_steps']
+  # Halved once per skipped step (no 2,000 good steps to double it here).
+  assert scale == 2.0 ** 15 / 2 ** skipped and 0 <= skipped < 10
+  assert f'loss scale {scale:g}, skipped steps {skipped}' in result.stderr
+  assert math.isfinite(metrics['eval_loss'])
+  tags = set()
+  for path in (workdir / 'tensorboard' / 'train').glob('events.out.*'):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      tags.update(value.tag for value in event.summary.value)
+  assert {'loss_scale', 'skipped_steps'} <= tags
+
+
 @pytest.mark.parametrize('flags, message', [
-    (['--policy=mixed_float16'], '--policy=mixed_float16 runs on '
-     '--backend=tensorflow only'),
+    (['--policy=rewrite'], "--policy=rewrite is TensorFlow's graph rewrite "
+     'and runs on --backend=tensorflow only'),
     (['--xla=off'], '--xla=off: JAX compiles every program with XLA'),
     (['--backend=auto', '--tpu=local'], '--tpu=local: JAX finds no TPU on '
      'this host'),
@@ -245,18 +272,19 @@ def test_compare_passes_the_backend_to_its_runs(tfds_dir, tmp_path):
   root = tmp_path / 'compare'
   result = run_module('launch.compare', '--backend=jax', f'--workdir={root}',
                       f'--config.data_dir={tfds_dir}',
-                      '--policies=mixed_float16', timeout=300)
+                      '--policies=rewrite', timeout=300)
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   # The failed run, named with its own error, then that none finished.
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
   assert len(errors) == 2, result.stderr[-2000:]
-  assert errors[0].startswith('error: run mixed_float16 failed (exit 1: '
-                              'error: --policy=mixed_float16 runs on '
-                              '--backend=tensorflow only')
+  refused = ("--policy=rewrite is TensorFlow's graph rewrite and runs on "
+             '--backend=tensorflow only')
+  assert errors[0].startswith(f'error: run rewrite failed (exit 1: error: '
+                              f'{refused}')
   assert errors[1].startswith('error: no run finished')
-  log = (root / 'mixed_float16' / 'train.log').read_text()
+  log = (root / 'rewrite' / 'train.log').read_text()
   assert 'Backend: jax (asked for with --backend=jax)' in log
-  assert '--policy=mixed_float16 runs on --backend=tensorflow only' in log
+  assert refused in log
 
 
 def test_a_run_stops_on_ctrl_c_and_on_sigterm_to_its_group_and_resumes(

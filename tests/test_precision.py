@@ -352,19 +352,25 @@ def test_a_damaged_saved_sweep_falls_back_to_the_rule(tmp_path, monkeypatch,
   assert f'saved policy {path} is unreadable' in caplog.text
 
 
-@pytest.mark.parametrize('requested, capability, expected', [
-    ('auto', (9, 0), 'mixed_bfloat16'),
-    ('auto', (7, 0), 'float32'),  # No bfloat16 cores; no loss scaling on JAX.
-    ('mixed_bfloat16', (7, 0), 'mixed_bfloat16'),
+@pytest.mark.parametrize('requested, capability, expected, scaling', [
+    ('auto', (9, 0), 'mixed_bfloat16', False),
+    ('auto', (7, 0), 'mixed_float16', True),  # T4, V100: float16's cores.
+    ('mixed_bfloat16', (7, 0), 'mixed_bfloat16', False),
+    ('float16', (8, 0), 'float16', True),
 ])
-def test_on_jax_a_gpu_gets_bfloat16_or_float32(requested, capability,
-                                                expected):
-  resolved = precision.resolve(requested, 'GPU', capability, on_backend=backends.load('jax').policy)
-  assert (resolved.policy, resolved.loss_scaling) == (expected, False)
+def test_on_jax_a_gpu_gets_the_policy_tensorflow_gets(requested, capability,
+                                                      expected, scaling):
+  on_jax = precision.resolve(requested, 'GPU', capability,
+                             on_backend=backends.load('jax').policy)
+  on_tensorflow = precision.resolve(
+      requested, 'GPU', capability,
+      on_backend=backends.load('tensorflow').policy)
+  assert (on_jax.policy, on_jax.loss_scaling) == (expected, scaling)
+  assert on_jax == on_tensorflow
 
 
-@pytest.mark.parametrize('policy', ['mixed_float16', 'float16', 'rewrite'])
-def test_on_jax_float16_and_the_rewrite_are_refused(policy):
-  with pytest.raises(UserError, match=f'--policy={policy} runs on '
-                     '--backend=tensorflow only'):
-    precision.resolve(policy, 'GPU', (9, 0), on_backend=backends.load('jax').policy)
+def test_on_jax_the_graph_rewrite_is_refused():
+  with pytest.raises(UserError, match='--policy=rewrite is TensorFlow.s '
+                     'graph rewrite and runs on --backend=tensorflow only'):
+    precision.resolve('rewrite', 'GPU', (9, 0),
+                      on_backend=backends.load('jax').policy)

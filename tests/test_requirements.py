@@ -17,8 +17,8 @@ import pytest
 from conftest import REPO
 
 GPU_REQUIREMENTS = os.path.join(REPO, 'requirements-gpu.txt')
-# 3.11: this project's machines; 3.13: Colab's runtimes.
-PYTHONS = ['3.11', '3.13']
+# 3.11: this project's machines; 3.12: GPU VM images; 3.13: Colab's runtimes.
+PYTHONS = ['3.11', '3.12', '3.13']
 
 
 def _pins(text):
@@ -44,11 +44,15 @@ def test_the_gpu_requirements_resolve_with_every_nvidia_wheel_pinned(python):
             if name.startswith('nvidia-')}
   with open(GPU_REQUIREMENTS) as f:
     pins = _pins(f.read())
-  assert len(nvidia) == 12
+  assert len(nvidia) == 14
   assert nvidia == {name: pins[name] for name in nvidia}  # All pinned.
   cudnn = tuple(int(p) for p in nvidia['nvidia-cudnn-cu12'].split('.')[:2])
   assert cudnn >= (9, 24)
   assert resolved['tensorflow'] == '2.21.0'
+  # Both backends in one environment, JAX with its CUDA plugin.
+  for name in ('jaxlib', 'jax-cuda12-pjrt', 'jax-cuda12-plugin'):
+    assert resolved[name] == pins[name] == '0.10.2', name
+  assert resolved['jax'] == pins['jax[cuda12]']
 
 
 @pytest.mark.parametrize('python', PYTHONS)

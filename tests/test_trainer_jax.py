@@ -124,6 +124,55 @@ def test_the_moving_average_warms_up_as_the_tensorflow_one():
   np.testing.assert_allclose(state['ema'][0], expected, rtol=1e-5, atol=1e-7)
 
 
+def _float16_setup(initial_scale, growth_steps):
+  model, optimizer, strategy, _, state = _setup()
+  scaled = keras.optimizers.LossScaleOptimizer(
+      optimizer, initial_scale=initial_scale,
+      dynamic_growth_steps=growth_steps)
+  scaled.build(model.trainable_variables)
+  step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
+  state = trainer_jax._state_of(model, scaled, step, None, strategy)  # pylint: disable=protected-access
+  program = programs.train_program(model, scaled, _config(), CLASSES,
+                                   strategy, None)
+  place = programs.optimizer_places(scaled)
+  return program, strategy, state, place
+
+
+def test_an_overflow_skips_the_update_and_halves_the_loss_scale():
+  """float16's dynamic loss scaling in the compiled program: a scale so
+  large the scaled gradients overflow float32 (inputs of a thousand make
+  them hundreds) skips the step on every device (the weights and the
+  applied-update count stay) and halves the scale; the step counter still
+  counts it."""
+  program, strategy, state, place = _float16_setup(3e38, 1000)
+  kernel = np.asarray(state['trainable'][0])
+  images, labels = _batches(1)
+  state, outputs = _run(program, strategy, state, images * 1000, labels, 1)
+  np.testing.assert_array_equal(state['trainable'][0], kernel)
+  assert float(state['optimizer'][place['dynamic_scale']]) == np.float32(1.5e38)
+  assert int(state['optimizer'][place['iterations']]) == 0
+  assert int(state['step']) == 1 and np.isfinite(outputs['loss'])
+
+
+def test_the_loss_scale_doubles_after_its_growth_steps_of_good_ones():
+  """Finite steps update the weights as unscaled gradients would, and the
+  scale doubles after `dynamic_growth_steps` of them, not before."""
+  program, strategy, state, place = _float16_setup(1024.0, 3)
+  scales = []
+  for _ in range(4):
+    state, _ = _run(program, strategy, state, *_batches(1), 1)
+    scales.append(float(state['optimizer'][place['dynamic_scale']]))
+  assert scales == [1024.0, 1024.0, 2048.0, 2048.0]
+  assert int(state['optimizer'][place['iterations']]) == 4
+  model, optimizer, strategy, _, unscaled = _setup()
+  plain = programs.train_program(model, optimizer, _config(), CLASSES,
+                                 strategy, None)
+  for _ in range(4):
+    unscaled, _ = _run(plain, strategy, unscaled, *_batches(1), 1)
+  np.testing.assert_allclose(state['trainable'][0], unscaled['trainable'][0],
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   """Fine-tuning's first phase: the backbone's weights, batch-norm
   statistics and optimizer slots stay as they were (weight decay included,

@@ -46,16 +46,13 @@ class JaxBackend:
     return devices.resolve(request)
 
   def policy(self, requested, policy, reason):
-    """No loss scaling and no graph rewrite here, so float16 and rewrite
-    are TensorFlow's; auto on a GPU without bfloat16 tensor cores takes
-    float32."""
-    if requested in ('mixed_float16', 'float16', 'rewrite'):
-      raise UserError(f'--policy={requested} runs on --backend=tensorflow '
-                      'only (the JAX path has no loss scaling or graph '
-                      'rewrite); use mixed_bfloat16, float32 or auto')
-    if policy == 'mixed_float16':  # A GPU of compute capability 7.x.
-      return 'float32', ('GPU without bfloat16 tensor cores; the JAX path '
-                         'has no float16 loss scaling')
+    """Every policy but the graph rewrite, which is TensorFlow's (grappler);
+    float16 trains with Keras' LossScaleOptimizer in the compiled program,
+    as on TensorFlow."""
+    if requested == 'rewrite':
+      raise UserError('--policy=rewrite is TensorFlow\'s graph rewrite and '
+                      'runs on --backend=tensorflow only; on JAX use auto, '
+                      'mixed_float16, mixed_bfloat16 or float32')
     return policy, reason
 
   def choose_xla(self, requested, hardware, policy):

@@ -10,6 +10,7 @@ pipeline reads its own shard of the records and feeds its own devices.
 
 import os
 
+from absl import logging
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -73,6 +74,17 @@ class HostBatches:
 
   def __iter__(self):
     return self.dataset.as_numpy_iterator()
+
+
+def _keep_tensorflow_off_the_gpus():
+  """tf.data and the export run on TensorFlow, whose CUDA build (from
+  requirements-gpu.txt) would take most of every GPU's memory as it starts;
+  the GPUs are JAX's."""
+  try:
+    tf.config.set_visible_devices([], 'GPU')
+  except RuntimeError:  # TensorFlow started already (a test's process).
+    logging.warning('TensorFlow started before the JAX backend: it may hold '
+                    'GPU memory')
 
 
 def _initialize_hosts():
@@ -149,6 +161,7 @@ def resolve(request):
     raise UserError(f'--num_cpu_devices={num_cpu_devices} must be 1 or more')
   if num_cpu_devices > 1:
     jax.config.update('jax_num_cpu_devices', num_cpu_devices)
+  _keep_tensorflow_off_the_gpus()
   _initialize_hosts()
   # jax.distributed's preemption notifier has just taken SIGTERM in native
   # code: SIGTERM and Ctrl-C are the run's own (pipeline/run/stopping.py).

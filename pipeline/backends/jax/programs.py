@@ -72,13 +72,32 @@ class _Phase:
     """optimizer.stateless_apply for this phase's variables only: a frozen
     backbone's weights and optimizer slots are left as they are (Keras'
     stateless_apply takes gradients for every variable it was built with,
-    and a zero gradient would still move a weight under weight decay)."""
+    and a zero gradient would still move a weight under weight decay).
+
+    Under a LossScaleOptimizer (float16; never with a frozen backbone, which
+    build refuses) Keras' own stateless_apply does every step: it unscales
+    the gradients, skips a step with a non-finite one and halves the scale,
+    and doubles it after `dynamic_growth_steps` finite steps.
+    """
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+      return optimizer.stateless_apply(optimizer_state, grads, trainable)
     mapping = (list(zip(self.all_trainable, trainable)) +
                list(zip(optimizer.variables, optimizer_state)))
     with keras.StatelessScope(state_mapping=mapping) as scope:
       optimizer.apply(grads, self.trainable)
     return ([scope.get_current_value(v) for v in self.all_trainable],
             [scope.get_current_value(v) for v in optimizer.variables])
+
+
+def optimizer_places(optimizer):
+  """Where the optimizer's step count ('iterations': applied updates) and,
+  under a LossScaleOptimizer, its 'dynamic_scale' sit in the state's
+  optimizer values."""
+  index = {id(v): i for i, v in enumerate(optimizer.variables)}
+  place = {'iterations': index[id(optimizer.iterations)]}
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    place['dynamic_scale'] = index[id(optimizer.dynamic_scale)]
+  return place
 
 
 def train_program(model, optimizer, config, num_classes, strategy, ema,
@@ -92,10 +111,9 @@ def train_program(model, optimizer, config, num_classes, strategy, ema,
   l2 = config.l2_weight_decay
   phase = _Phase(model, frozen)
   decayed = [objective.is_decayed(v) for v in phase.trainable]
-  iterations = [id(v) for v in optimizer.variables].index(
-      id(optimizer.iterations))
+  place = optimizer_places(optimizer)
 
-  def loss_of(trainable, non_trainable, images, targets):
+  def loss_of(trainable, non_trainable, images, targets, scale):
     with phase.applied():
       logits, non_trainable = model.stateless_call(
           trainable, non_trainable, images, training=True)
@@ -103,7 +121,9 @@ def train_program(model, optimizer, config, num_classes, strategy, ema,
     if l2:
       loss += l2 * objective.l2_penalty(
           [w for w, on in zip(trainable, decayed) if on])
-    return loss, (non_trainable, objective.correct(logits, targets))
+    # Differentiated: the loss times the loss scale (1 without float16).
+    return loss * scale, (non_trainable, objective.correct(logits, targets),
+                          loss)
 
   gradient = jax.value_and_grad(loss_of, has_aux=True)
 
@@ -113,11 +133,13 @@ def train_program(model, optimizer, config, num_classes, strategy, ema,
     micro = lambda t: t.reshape(accumulation, -1, *t.shape[1:])
 
     trained, non_trainable = phase.split(state)
+    scale = (state['optimizer'][place['dynamic_scale']]
+             if 'dynamic_scale' in place else 1.0)
 
     def add(carry, part):
       non_trainable, grads, loss, correct = carry
-      (part_loss, (non_trainable, part_correct)), part_grads = gradient(
-          trained, non_trainable, *part)
+      (_, (non_trainable, part_correct, part_loss)), part_grads = gradient(
+          trained, non_trainable, *part, scale)
       grads = jax.tree.map(lambda a, b: a + b / accumulation, grads,
                            part_grads)
       return (non_trainable, grads, loss + part_loss / accumulation,
@@ -130,10 +152,13 @@ def train_program(model, optimizer, config, num_classes, strategy, ema,
     trainable, non_trainable = phase.merge(state, trained, non_trainable)
     trainable, optimizer_state = phase.apply(
         optimizer, state['optimizer'], trainable, grads)
+    updates = optimizer_state[place['iterations']]
+    applied = updates > state['optimizer'][place['iterations']]
     state = dict(state, trainable=trainable, non_trainable=non_trainable,
                  optimizer=optimizer_state, step=state['step'] + 1)
-    if ema:
-      state['ema'] = ema.update(state, optimizer_state[iterations])
+    if ema:  # A step the loss scale skipped is no update of the average.
+      state['ema'] = [jnp.where(applied, new, old) for new, old in zip(
+          ema.update(state, updates), state['ema'])]
     return state, (loss, correct)
 
   @functools.partial(jax.jit, donate_argnums=0,

@@ -64,17 +64,21 @@ class Trainer:
 
   @property
   def skipped_steps(self):
-    return 0  # No loss scaling on JAX: every step is applied.
+    return self.step - int(self._optimizer_value('iterations'))
 
   @property
   def loss_scale(self):
-    return None
+    if 'dynamic_scale' not in programs.optimizer_places(self.optimizer):
+      return None
+    return float(self._optimizer_value('dynamic_scale'))
 
   def learning_rate(self):
-    iterations = self.optimizer.iterations
-    index = [id(v) for v in self.optimizer.variables].index(id(iterations))
-    iterations.assign(on_host(self.state['optimizer'][index]))
+    self.optimizer.iterations.assign(self._optimizer_value('iterations'))
     return float(self.optimizer.learning_rate)
+
+  def _optimizer_value(self, name):
+    place = programs.optimizer_places(self.optimizer)[name]
+    return on_host(self.state['optimizer'][place])
 
   def train(self, iterator, num_steps):
     """Runs `num_steps` steps in one compiled program (the interface's
@@ -286,8 +290,14 @@ def build(config, plan):
   model = models.build_model(
       config.model, num_classes, config.image_size, config.dropout_rate,
       config.batch_norm_momentum, config.drop_connect_rate)
-  optimizer = optimizers.make_optimizer(config, plan.peak_learning_rate,
-                                        plan.total_steps, plan.steps_per_epoch)
+  optimizer = precision.wrap_optimizer(
+      optimizers.make_optimizer(config, plan.peak_learning_rate,
+                                plan.total_steps, plan.steps_per_epoch),
+      plan.policy, hardware.device_kind)
+  if plan.frozen_steps and plan.precision.loss_scaling:
+    raise UserError(f'freeze_backbone_epochs with --policy={plan.policy} '
+                    'runs on --backend=tensorflow; on JAX use '
+                    'mixed_bfloat16 or float32 for fine-tuning')
   optimizer.build(model.trainable_variables)
   step_variables = checkpoint_files.Variables('step', shapes=[()],
                                               dtype='int32')
