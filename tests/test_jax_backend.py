@@ -264,6 +264,29 @@ def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
             'installed (tensorflow-tpu); Keras runs on JAX)') in result.stderr
 
 
+def test_gpus_that_jax_cannot_see_stop_the_run_naming_the_fix(tfds_dir,
+                                                             tmp_path):
+  """A GPU VM with JAX's CPU-only jaxlib: one line, as TensorFlow's. No
+  NVIDIA driver here: an `nvidia-smi` stand-in lists the GPUs."""
+  folder = tmp_path / 'bin'
+  folder.mkdir()
+  (folder / 'nvidia-smi').write_text(
+      '#!/bin/sh\nprintf "GPU 0: Tesla T4 (UUID: GPU-1)\\n"\n')
+  (folder / 'nvidia-smi').chmod(0o755)
+  path = f'{folder}{os.pathsep}{os.environ["PATH"]}'
+  result = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run',
+                     env={'PATH': path})
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      'error: this machine has 1 NVIDIA GPU(s) (nvidia-smi -L) but JAX '
+      '0.10.2 sees none: no CUDA plugin is installed (this jaxlib runs on '
+      'CPUs and TPUs); install requirements-gpu.txt (jax[cuda12]), or pass '
+      '--allow_cpu to train on the CPU')
+  allowed = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run',
+                      '--allow_cpu', env={'PATH': path})
+  assert allowed.returncode == 0, allowed.stderr[-2000:]
+
+
 def test_compare_passes_the_backend_to_its_runs(tfds_dir, tmp_path):
   """launch.compare's runs are launch.train processes: --backend=jax
   reaches them. A policy JAX refuses stops the run in its first lines, and

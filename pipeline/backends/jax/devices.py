@@ -175,9 +175,13 @@ def resolve(request):
                     f'devices: {len(found)} x {found[0].platform}); run on '
                     'a TPU VM or a Colab TPU runtime, or leave --tpu out')
   if kind == 'CPU' and not request.allow_cpu:
+    cause = ('its CUDA plugin found no usable GPU (the driver, or CUDA '
+             'libraries that do not match it)'
+             if backends.installed('jax-cuda12-plugin') else
+             'no CUDA plugin is installed (this jaxlib runs on CPUs and TPUs)')
     hardware_lib.check_no_unusable_gpus(
-        f'JAX {jax.__version__}', f'its jaxlib {backends.installed("jaxlib")} '
-        'runs on CPUs and TPUs only', 'jax[cuda12] for NVIDIA GPUs')
+        f'JAX {jax.__version__}', cause,
+        'requirements-gpu.txt (jax[cuda12])')
   hosts = jax.process_count()
   name = found[0].device_kind if kind != 'CPU' else 'CPU device'
   detail = (f'{len(found)} x {name}' if kind != 'CPU' or len(found) > 1
