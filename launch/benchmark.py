@@ -54,7 +54,9 @@ _POLICIES = cli.define_policy_list(
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'With --policies on a GPU: keep the fastest policy '
     'for this GPU model and software, so --policy=auto takes it there '
-    '(pipeline/run/saved_policy.py).')
+    '(pipeline/run/saved_policy.py). With --backends=tensorflow,jax: keep '
+    'the faster backend and its policy, so --backend=auto takes them '
+    '(pipeline/backends/measured.py).')
 _XLA_SETTINGS = flags.DEFINE_list(
     'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try '
     '(off, on).')
@@ -82,8 +84,11 @@ def main(argv):
   try:
     request = cli.request(config, workdir_default=False)
     if _BACKENDS.value:
+      gpu = saved_policy.gpu_to_save_for(_SAVE_POLICY.value, _BACKENDS.value)
       result = benchmark.across_backends(_BACKENDS.value, _child_args())
       text = benchmark_report.backends_table(result)
+      if gpu:
+        text += '\n' + saved_policy.save_backends(result, gpu)
     elif _POLICIES.value:
       hardware = plan.find_hardware(request)
       if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
@@ -111,10 +116,12 @@ def main(argv):
 
 
 def _child_args():
-  """This command's flags for a child benchmark, less --backends and
-  --output (the child gets its own --backend and --output)."""
+  """This command's flags for a child benchmark, less --backends,
+  --save_policy and --output (the child gets its own --backend and
+  --output)."""
   return [a for a in sys.argv[1:]
-          if not a.startswith(('--backends', '--output', '--backend='))]
+          if not a.startswith(('--backends', '--output', '--backend=',
+                               '--save_policy', '--nosave_policy'))]
 
 
 if __name__ == '__main__':

@@ -4,10 +4,23 @@
 here); each case is the rule a user on that machine meets.
 """
 
+import json
+
 import pytest
 
+from conftest import run_module
 from pipeline import backends
+from pipeline.backends import measured
 from pipeline.errors import UserError
+
+T4 = 'Tesla T4'
+# What launch.benchmark --backends=tensorflow,jax measured, as across_backends
+# returns it (figures of an imagined T4).
+COMPARISON = {'backends': [
+    [name, {measured.RATE: rate, 'policy': 'mixed_float16',
+            'model': 'efficientnet_b0', 'image_size': 224,
+            'global_batch_size': 128}]
+    for name, rate in (('tensorflow', 900.0), ('jax', 1150.0))]}
 
 
 @pytest.mark.parametrize('requested, tpu, installed, attached, expected', [
@@ -30,7 +43,8 @@ from pipeline.errors import UserError
 ])
 def test_each_machine_gets_its_backend_and_a_reason(requested, tpu, installed,
                                                      attached, expected):
-  name, reason = backends.choose(requested, tpu, attached=attached, **installed)
+  name, reason = backends.choose(requested, tpu, attached=attached, gpus=[],
+                                 **installed)
   assert name == expected
   assert reason and ('--backend' in reason if requested != 'auto'
                      else '--backend' not in reason)
@@ -93,3 +107,76 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
   assert str(raised.value) == (
       f"workdir '{tmp_path}' holds a run trained on {on}, which resumes "
       f'there only: --backend={on}, or another --workdir')
+
+
+@pytest.mark.parametrize('jax, saved, environ, expected, says', [
+    # No measurement saved: TensorFlow, and how to measure both.
+    (True, None, {}, 'tensorflow', 'Tesla T4: TensorFlow, whose path here '
+     'was measured on GPUs; no measurement of both backends is saved'),
+    (False, None, {}, 'tensorflow', 'with JAX installed: '
+     'requirements-gpu.txt)'),
+    # The user's measurement on this GPU and software decides.
+    (True, {'backend': 'jax', 'reason': 'your measurement'}, {}, 'jax',
+     'your measurement'),
+    (True, {'backend': 'tensorflow', 'reason': 'your measurement'}, {},
+     'tensorflow', 'your measurement'),
+    # Several TensorFlow workers stay TensorFlow's.
+    (True, {'backend': 'jax', 'reason': 'r'}, {'TF_CONFIG': '{}'},
+     'tensorflow', 'TF_CONFIG joins TensorFlow workers'),
+])
+def test_auto_on_gpus_takes_the_measured_backend(jax, saved, environ,
+                                                 expected, says, tmp_path,
+                                                 monkeypatch):
+  """No GPU here: the GPU models are a stand-in for what the driver lists."""
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  for name, value in environ.items():
+    monkeypatch.setenv(name, value)
+  name, reason = backends.choose('auto', '', tensorflow_tpu=False, jax=jax,
+                                 attached=False, gpus=[T4], saved=saved)
+  assert name == expected and says in reason
+
+
+def test_a_saved_comparison_decides_the_backend_and_its_policy(tmp_path,
+                                                              monkeypatch):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  record, path = measured.save(COMPARISON, T4, backends.both_software())
+  assert record['backend'] == 'jax' and path.startswith(str(tmp_path))
+  name, reason = backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+                                 attached=False, gpus=[T4])
+  assert name == 'jax'
+  assert reason == ('your measurement saved for this GPU and software: jax '
+                    '1,150, tensorflow 900 img/s (efficientnet_b0 224 px, '
+                    'batch 128, mixed_float16)')
+  assert backends.measured_policy(T4, backends.load('jax')) == (
+      'mixed_float16', reason)
+  assert backends.measured_policy(T4, backends.load('tensorflow')) is None
+  # Another GPU model: the rule.
+  assert backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+                         attached=False, gpus=['NVIDIA A100'])[0] == (
+                             'tensorflow')
+
+
+def test_a_damaged_saved_comparison_falls_back_to_the_rule(tmp_path,
+                                                          monkeypatch,
+                                                          caplog):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  _, path = measured.save(COMPARISON, T4, backends.both_software())
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump({'backend': 'jax'}, f)  # A record missing its figures.
+  assert backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+                         attached=False, gpus=[T4])[0] == 'tensorflow'
+  assert f'saved backend choice {path} is unreadable' in caplog.text
+
+
+@pytest.mark.parametrize('backends_flag, message', [
+    ('tensorflow,jax', '--save_policy keeps a backend for a GPU model; this '
+     'machine has no NVIDIA GPU'),
+    ('jax', '--save_policy with --backends keeps the faster of both: '
+     '--backends=tensorflow,jax'),
+])
+def test_saving_a_comparison_without_a_gpu_is_one_line(backends_flag,
+                                                       message):
+  result = run_module('launch.benchmark', f'--backends={backends_flag}',
+                      '--save_policy', timeout=120)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == f'error: {message}'

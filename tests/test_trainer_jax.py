@@ -173,6 +173,17 @@ def test_the_loss_scale_doubles_after_its_growth_steps_of_good_ones():
                              rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('capability, expected', [
+    ('7.5', (7, 5)), ('9.0', (9, 0)), (None, None)])
+def test_a_jax_gpu_gives_the_precision_rule_its_compute_capability(
+    capability, expected):
+  """No GPU here: a stand-in with the attributes JAX's CUDA devices carry."""
+  device = types.SimpleNamespace(device_kind='Tesla T4',
+                                 compute_capability=capability)
+  assert devices_jax.gpu_fields(device) == {
+      'gpu_name': 'Tesla T4', 'gpu_compute_capability': expected}
+
+
 def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   """Fine-tuning's first phase: the backbone's weights, batch-norm
   statistics and optimizer slots stay as they were (weight decay included,

@@ -29,13 +29,16 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 
+from pipeline.backends import measured
 from pipeline.errors import UserError
 
 BACKENDS = ('auto', 'tensorflow', 'jax')
 JAX_REQUIREMENTS = 'requirements-jax.txt'
 # What a TPU VM's chips show up as: /dev/accel* (v2 to v4), vfio (v5e on).
 _TPU_DEVICE_FILES = ('/dev/accel0', '/dev/vfio/0')
+_NVIDIA_GPUS = '/proc/driver/nvidia/gpus/*/information'
 _chosen = {}
 
 
@@ -57,12 +60,29 @@ def tpu_attached():
       glob.glob('/dev/accel*'))
 
 
-def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None):
+def gpu_models():
+  """The NVIDIA GPU models the driver lists, read without loading CUDA."""
+  models = set()
+  for path in glob.glob(_NVIDIA_GPUS):
+    try:
+      with open(path, encoding='utf-8', errors='replace') as f:
+        models.update(m.group(1).strip() for m in re.finditer(
+            r'^Model:\s*(.+)$', f.read(), re.M))
+    except OSError:
+      continue
+  if not models and os.path.exists('/dev/nvidia0'):
+    models.add('NVIDIA GPU')
+  return sorted(models)
+
+
+def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None,
+           gpus=None, saved=None):
   """Returns (backend, reason) for --backend=`requested` and --tpu=`tpu`.
 
   The keyword arguments stand in for what is installed and attached
-  (tests); None looks. A one-line UserError for an unknown backend, or for
-  JAX asked for or needed and not installed.
+  (tests): `gpus` the NVIDIA GPU models, `saved` a measured.load record;
+  None looks. A one-line UserError for an unknown backend, or for JAX asked
+  for or needed and not installed.
   """
   tensorflow_tpu = (bool(installed('tensorflow-tpu')) if tensorflow_tpu is None
                     else tensorflow_tpu)
@@ -83,6 +103,9 @@ def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None):
                           "TensorFlow's TPU build")
   attached = tpu_attached() if attached is None else attached
   if not tpu and not attached:
+    gpus = gpu_models() if gpus is None else gpus
+    if gpus:
+      return _on_gpus(gpus[0], jax, saved)
     return 'tensorflow', 'no TPU: TensorFlow drives CPUs and GPUs'
   where = '--tpu=local' if tpu else 'a TPU is attached'
   if tensorflow_tpu:
@@ -93,6 +116,40 @@ def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None):
         f"today's TPUs (Colab, TPU7x): pip install -r {JAX_REQUIREMENTS}")
   return 'jax', (f'{where} and no TensorFlow TPU build is installed '
                  '(tensorflow-tpu); Keras runs on JAX')
+
+
+def _on_gpus(gpu_name, jax, saved):
+  """(backend, reason) on a machine with NVIDIA GPUs: the backend the user
+  measured faster on this GPU model and software (measured.py), else
+  TensorFlow. JAX is not the rule: Keras' own JAX trainer ran B0 1.25x
+  faster on an H100 (7,330 against 5,845 img/s, issue 34), but this
+  project's JAX loop has not been measured on a GPU."""
+  if os.environ.get('TF_CONFIG'):
+    return 'tensorflow', 'TF_CONFIG joins TensorFlow workers'
+  if jax:
+    saved = measured.load(gpu_name, both_software()) if saved is None else saved
+    if saved:
+      return saved['backend'], saved['reason']
+  return 'tensorflow', (
+      f'{gpu_name}: TensorFlow, whose path here was measured on GPUs; no '
+      'measurement of both backends is saved for this GPU (launch.benchmark '
+      '--backends=tensorflow,jax --save_policy measures both and keeps the '
+      'faster' + (')' if jax else ', with JAX installed: '
+                  'requirements-gpu.txt)'))
+
+
+def both_software():
+  """The software of both backends: what a measurement of them holds for."""
+  return '+'.join(load(name).software() for name in BACKENDS[1:])
+
+
+def measured_policy(gpu_name, backend):
+  """(policy, reason) the saved measurement of both backends ran `backend`
+  under on this GPU model, or None."""
+  saved = measured.load(gpu_name, both_software())
+  if not saved or saved['backend'] != backend.name:
+    return None
+  return saved['policy'], saved['reason']
 
 
 def prepare(requested, tpu):

@@ -21,15 +21,13 @@ Importable without TensorFlow or JAX.
 """
 
 import dataclasses
-import glob
 import logging
 import os
-import re
 
 from pipeline import backends
 from pipeline.errors import UserError
+from pipeline.storage import user_cache
 
-_NVIDIA_GPUS = '/proc/driver/nvidia/gpus/*/information'
 _OFF_ON_A_CPU = 'off on a CPU unless --config.compile_cache_dir=DIR'
 
 
@@ -50,36 +48,12 @@ class Settings:
 _chosen = []
 
 
-def user_folder(*parts):
-  """A folder in this user's cache (XDG_CACHE_HOME, else ~/.cache): what
-  this machine learnt, never a workdir that others read."""
-  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(
-      os.path.expanduser('~'), '.cache')
-  return os.path.join(base, 'efficientnet-pipeline', *parts)
-
-
 def root():
   """Where compiled programs go unless compile_cache_dir says."""
-  return user_folder('xla')
+  return user_cache.folder('xla')
 
 
-def gpu_models():
-  """The NVIDIA GPU models the driver lists, read without loading CUDA."""
-  models = set()
-  for path in glob.glob(_NVIDIA_GPUS):
-    try:
-      with open(path, encoding='utf-8', errors='replace') as f:
-        models.update(m.group(1).strip() for m in re.finditer(
-            r'^Model:\s*(.+)$', f.read(), re.M))
-    except OSError:
-      continue
-  if not models and os.path.exists('/dev/nvidia0'):
-    models.add('NVIDIA GPU')
-  return sorted(models)
-
-
-def slug(text):
-  return re.sub(r'[^A-Za-z0-9.]+', '-', text).strip('-')
+slug = user_cache.slug
 
 
 def choose(setting, backend, environ, gpus, accelerator, versions):
@@ -113,7 +87,7 @@ def prepare(setting, environ=None, gpus=None, software=None):
   (tests); None looks."""
   environ = os.environ if environ is None else environ
   backend, _ = backends.chosen()
-  gpus = gpu_models() if gpus is None else gpus
+  gpus = backends.gpu_models() if gpus is None else gpus
   settings = choose(setting or '', backend, environ, gpus,
                     bool(gpus) or backends.tpu_attached(),
                     software or backend.software())

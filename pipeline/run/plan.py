@@ -227,10 +227,12 @@ def find_hardware(request):
 
 def _measured(request, hardware, backend):
   """The policy the user's saved sweep found fastest on this GPU model and
-  the backend's software, with its reason; None elsewhere."""
+  the backend's software, else the one a saved measurement of both
+  backends ran this one under, with its reason; None elsewhere."""
   if request.policy != 'auto' or not hardware.gpu_name:
     return None
-  return saved_policy.load(hardware.gpu_name, backend.software())
+  return (saved_policy.load(hardware.gpu_name, backend.software()) or
+          backends.measured_policy(hardware.gpu_name, backend))
 
 
 def _compile_cache(config):

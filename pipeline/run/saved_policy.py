@@ -15,14 +15,14 @@ import os
 from absl import logging
 
 from pipeline import backends
-from pipeline.run import compile_cache
+from pipeline.backends import measured
 from pipeline.errors import UserError
+from pipeline.storage import user_cache
 
 
 def path(gpu_name, software):
-  return compile_cache.user_folder(
-      'policy', compile_cache.slug(gpu_name),
-      f'{compile_cache.slug(software)}.json')
+  return user_cache.folder('policy', user_cache.slug(gpu_name),
+                           f'{user_cache.slug(software)}.json')
 
 
 def save(sweep, gpu_name, software):
@@ -41,10 +41,7 @@ def save(sweep, gpu_name, software):
             'global_batch_size': sweep['global_batch_size'],
             'saved': sweep.get('time', '')}
   target = path(gpu_name, software)
-  os.makedirs(os.path.dirname(target), exist_ok=True)
-  with open(target + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(record, f, indent=2)
-  os.replace(target + '.tmp', target)  # Never half a file.
+  user_cache.write_json(target, record)
   return target
 
 
@@ -57,6 +54,30 @@ def save_sweep(sweep):
   target = save(sweep, sweep['gpu_name'], software)
   return (f'saved {sweep["fastest"]["policy"]} for {sweep["gpu_name"]} with '
           f'{software}: --policy=auto takes it there ({target})')
+
+
+def gpu_to_save_for(save, names):
+  """The GPU model a --backends comparison will be saved for (None without
+  --save_policy), or a one-line UserError before anything is measured."""
+  if not save:
+    return None
+  if set(names) != set(backends.BACKENDS[1:]):
+    raise UserError('--save_policy with --backends keeps the faster of both: '
+                    '--backends=tensorflow,jax')
+  gpus = backends.gpu_models()
+  if not gpus:
+    raise UserError('--save_policy keeps a backend for a GPU model; this '
+                    'machine has no NVIDIA GPU')
+  return gpus[0]
+
+
+def save_backends(comparison, gpu_name):
+  """Saves the faster backend of a --backends comparison for this GPU and
+  both backends' software; the line that says so."""
+  software = backends.both_software()
+  record, target = measured.save(comparison, gpu_name, software)
+  return (f'saved {record["backend"]} ({record["policy"]}) for {gpu_name} '
+          f'with {software}: --backend=auto takes it there ({target})')
 
 
 def load(gpu_name, software):

@@ -191,4 +191,16 @@ def resolve(request):
   return hardware_lib.Hardware(
       DataParallel(found), kind, num_workers=hosts,
       task_index=jax.process_index(), is_chief=jax.process_index() == 0,
-      detail=detail, strategy_name='DataParallel')
+      detail=detail, strategy_name='DataParallel',
+      **(gpu_fields(found[0]) if kind == 'GPU' else {}))
+
+
+def gpu_fields(device):
+  """The model and compute capability of a GPU as JAX reports them (CUDA
+  devices carry `compute_capability`, e.g. '7.5' on a T4): what the
+  precision rule and a saved measurement are keyed by."""
+  capability = getattr(device, 'compute_capability', None)
+  return {'gpu_name': device.device_kind,
+          'gpu_compute_capability': (
+              tuple(int(part) for part in str(capability).split('.'))
+              if capability else None)}
