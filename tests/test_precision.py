@@ -210,6 +210,27 @@ def test_rewrite_refuses_tpu_and_xla():
     tf_xla.choose_xla('auto', tpu, 'rewrite')
 
 
+@pytest.mark.parametrize('backend, kind, replicas, expected, says', [
+    ('tensorflow', 'TPU', 8, True, 'TPU programs are always compiled'),
+    ('tensorflow', 'GPU', 1, True, 'single GPU: fused kernels help'),
+    # Never measured on GPUs (no GPU lent): the rule measured on 2 logical
+    # CPU devices, and reported upstream, stands for MirroredStrategy.
+    ('tensorflow', 'GPU', 2, False, 'fails under Mirrored strategies'),
+    ('tensorflow', 'GPU', 8, False, 'fails under Mirrored strategies'),
+    ('tensorflow', 'CPU', 1, False, 'CPU: XLA measured 8x slower'),
+    ('tensorflow', 'CPU', 2, False, 'fails under Mirrored strategies'),
+    ('jax', 'TPU', 8, True, 'JAX compiles every program with XLA'),
+    ('jax', 'GPU', 2, True, 'JAX compiles every program with XLA'),
+    ('jax', 'CPU', 1, True, 'JAX compiles every program with XLA'),
+])
+def test_xla_auto_for_every_device_kind_and_replica_count(
+    backend, kind, replicas, expected, says):
+  hardware = _stand_in(kind, (9, 0) if kind == 'GPU' else None, replicas)
+  on, reason = backends.load(backend).choose_xla('auto', hardware,
+                                                 'mixed_bfloat16')
+  assert on is expected and says in reason
+
+
 def _stand_in(device_kind, capability=None, replicas=1):
   """The Hardware of a device that cannot exist here (a GPU, a TPU): only
   what the plan's rules read."""
@@ -281,8 +302,8 @@ def test_each_gpu_gets_its_policy_xla_and_compile_cache_with_the_reason(
   xla_on, xla_reason = tf_xla.choose_xla('auto', hardware, chosen,
                                        tensorflow_version=tf_version)
   warning = tf_xla.check_cudnn(xla_on, hardware, cudnn_version=cudnn)
-  settings = compile_cache.choose('', backends.load('tensorflow'), environ, [gpu], True,
-                                  f'tf-{tf_version}-cudnn-{cudnn}')
+  settings = compile_cache.choose('', backends.load('tensorflow'), environ,
+                                  [gpu], True, f'tf-{tf_version}-cudnn-{cudnn}')
   assert (chosen, xla_on) == (policy, xla)
   assert settings.directory == os.path.join(root, cache)
   new = settings.environment
