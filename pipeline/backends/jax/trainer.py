@@ -180,18 +180,20 @@ class Trainer:
     the step and the moving average (evaluating needs no optimizer).
     `io_device` is a TPU Node's, which JAX never drives."""
     del io_device
-    parts = dict(model=self.model, step=self.step_variables)
-    if self.ema:
-      parts['ema'] = self.ema.variables
     read_back = lambda missing: self.read_back()
+    ema = {'ema': self.ema.variables} if self.ema else {}
     if written_as != checkpoint_files.KERAS:
       return checkpoint_files.reader(
-          written_as, parts, directory, after_restore=read_back,
+          written_as, dict(model=self.model, step=self.step_variables, **ema),
+          directory, after_restore=read_back,
           read_only=f'{directory} holds a run trained on TensorFlow; it '
           'resumes with --backend=tensorflow')
+    # The parts in the order the first JAX runs wrote them.
+    parts = dict(model=self.model, optimizer=self.optimizer,
+                 step=self.step_variables, **ema)
     return checkpoint_files.KerasFiles(
-        dict(parts, optimizer=self.optimizer), directory, max_to_keep,
-        before_save=self.write_back, after_restore=read_back)
+        parts, directory, max_to_keep, before_save=self.write_back,
+        after_restore=read_back)
 
   @contextlib.contextmanager
   def _errors_in_one_line(self):
