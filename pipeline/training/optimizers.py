@@ -10,6 +10,8 @@ is told not to sum them again (take_summed_gradients).
 import keras
 import tensorflow as tf
 
+from pipeline.run import precision
+
 
 class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
   """tensorflow/tpu's EfficientNet schedule (utils.build_learning_rate):
@@ -72,6 +74,15 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
   optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
                                                  'beta'])
   return optimizer
+
+
+def optimizer_of_run(config, plan):
+  """The run's optimizer and schedule, wrapped in a LossScaleOptimizer where
+  its policy computes in float16 (run/precision.py)."""
+  return precision.wrap_optimizer(
+      make_optimizer(config, plan.peak_learning_rate, plan.total_steps,
+                     plan.steps_per_epoch),
+      plan.policy, plan.hardware.device_kind)
 
 
 def take_summed_gradients(optimizer):

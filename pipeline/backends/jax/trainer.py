@@ -285,21 +285,16 @@ def _state_of(model, optimizer, step_variables, ema, strategy):
 
 def build(config, plan):
   """Sets the policy and seed, builds the model and the two programs."""
-  hardware = plan.hardware
-  num_classes = plan.source.num_classes
-  precision.apply(plan.precision)
-  keras.utils.set_random_seed(config.seed)
-  model = models.build_model(
-      config.model, num_classes, config.image_size, config.dropout_rate,
-      config.batch_norm_momentum, config.drop_connect_rate)
-  optimizer = precision.wrap_optimizer(
-      optimizers.make_optimizer(config, plan.peak_learning_rate,
-                                plan.total_steps, plan.steps_per_epoch),
-      plan.policy, hardware.device_kind)
   if plan.frozen_steps and plan.precision.loss_scaling:
     raise UserError(f'freeze_backbone_epochs with --policy={plan.policy} '
                     'runs on --backend=tensorflow; on JAX use '
                     'mixed_bfloat16 or float32 for fine-tuning')
+  hardware = plan.hardware
+  num_classes = plan.source.num_classes
+  precision.apply(plan.precision)
+  keras.utils.set_random_seed(config.seed)
+  model = models.model_of_run(config, plan)
+  optimizer = optimizers.optimizer_of_run(config, plan)
   optimizer.build(model.trainable_variables)
   step_variables = checkpoint_files.Variables('step', shapes=[()],
                                               dtype='int32')

@@ -175,13 +175,8 @@ def _build(config, plan):
                  graph_rewrite.enable_graph_rewrite(hardware.device_kind))
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
-    model = models.build_model(
-        config.model, num_classes, config.image_size, config.dropout_rate,
-        config.batch_norm_momentum, config.drop_connect_rate)
-    optimizer = precision.wrap_optimizer(
-        optimizers.make_optimizer(config, plan.peak_learning_rate,
-                                  plan.total_steps, plan.steps_per_epoch),
-        plan.policy, hardware.device_kind)
+    model = models.model_of_run(config, plan)
+    optimizer = optimizers.optimizer_of_run(config, plan)
     # Built now, so a checkpoint restores into existing slots (the frozen
     # backbone's too: they wait, unchanged, for the whole-model phase).
     optimizer.build(model.trainable_variables)
