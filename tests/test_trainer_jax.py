@@ -26,6 +26,7 @@ import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.backends.jax import devices as devices_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.backends.jax import programs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.backends.jax import trainer as trainer_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.storage import checkpoint_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CLASSES = 3
@@ -182,6 +183,19 @@ def test_a_jax_gpu_gives_the_precision_rule_its_compute_capability(
                                  compute_capability=capability)
   assert devices_jax.gpu_fields(device) == {
       'gpu_name': 'Tesla T4', 'gpu_compute_capability': expected}
+
+
+def test_float16_with_a_frozen_backbone_is_one_line_before_anything_is_built():
+  """stateless_apply would move the frozen backbone's optimizer slots."""
+  plan = types.SimpleNamespace(
+      frozen_steps=5, policy='mixed_float16',
+      precision=types.SimpleNamespace(loss_scaling=True))
+  with pytest.raises(UserError) as raised:
+    trainer_jax.build(None, plan)  # No config: it stops before reading one.
+  assert str(raised.value) == (
+      'freeze_backbone_epochs with --policy=mixed_float16 runs on '
+      '--backend=tensorflow; on JAX use mixed_bfloat16 or float32 for '
+      'fine-tuning')
 
 
 def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
