@@ -9,9 +9,7 @@ software, and the policy there; another GPU or software ignores the record.
 Imports no TensorFlow, JAX or Keras.
 """
 
-import json
 import logging
-import os
 
 from pipeline.storage import user_cache
 
@@ -43,11 +41,10 @@ def load(gpu_name, software):
   """The record saved for this GPU and software, or None. An unreadable
   file is passed over with one warning line."""
   source = path(gpu_name, software)
-  if not os.path.exists(source):
-    return None
   try:
-    with open(source, encoding='utf-8') as f:
-      record = json.load(f)
+    record = user_cache.read_json(source)
+    if record is None:
+      return None
     rates = ', '.join(f'{name} {float(rate):,.0f}' for name, rate in
                       sorted(record['images_per_sec'].items()))
     record['reason'] = (

@@ -9,9 +9,6 @@ the figures. Another GPU model or software ignores it: the figures would not
 hold there.
 """
 
-import json
-import os
-
 from absl import logging
 
 from pipeline import backends
@@ -84,11 +81,10 @@ def load(gpu_name, software):
   """(policy, reason) saved for this GPU and software, or None. An
   unreadable file is passed over with one warning line."""
   source = path(gpu_name, software)
-  if not os.path.exists(source):
-    return None
   try:
-    with open(source, encoding='utf-8') as f:
-      record = json.load(f)
+    record = user_cache.read_json(source)
+    if record is None:
+      return None
     policy, rate = record['policy'], float(record['images_per_sec'])
     others = ', '.join(f'{name} {value:,.0f}'
                        for name, value in sorted(record['others'].items()))

@@ -19,6 +19,15 @@ def slug(text):
   return re.sub(r'[^A-Za-z0-9.]+', '-', text).strip('-')
 
 
+def read_json(path):
+  """The record at `path`, or None where there is none; OSError or
+  ValueError for a file that cannot be read."""
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
 def write_json(path, record):
   """Writes `record` to `path` whole or not at all (a rename)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
