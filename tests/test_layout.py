@@ -139,3 +139,23 @@ def test_the_tree_shows_the_roles():
                         'pipeline.reports', 'pipeline.run', 'pipeline.storage',
                         'pipeline.training')]
   assert not flat
+
+
+def test_both_backends_implement_the_whole_interface():
+  """backends/interface.py is what the rest of the library calls: every
+  member it declares exists on both backends, with the same parameters."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from pipeline import backends  # pylint: disable=g-import-not-at-top
+  from pipeline.backends import interface  # pylint: disable=g-import-not-at-top
+  declared = {name: member for name, member in vars(interface.Backend).items()
+              if not name.startswith('_')}
+  declared.update(dict.fromkeys(interface.Backend.__annotations__))
+  assert len(declared) >= 12
+  for name in backends.BACKENDS[1:]:
+    backend = backends.load(name)
+    for member, function in declared.items():
+      assert hasattr(backend, member), (name, member)
+      if callable(function):
+        assert (list(inspect.signature(getattr(backend, member)).parameters)
+                == list(inspect.signature(function).parameters)[1:]), (
+                    name, member)
