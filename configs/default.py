@@ -43,6 +43,10 @@ def get_config():
   config.mixup_alpha = 0.0
   config.cutmix_alpha = 0.0
   config.deterministic_input = False  # True trades speed for repeatable order.
+  # tf.data, or dali: NVIDIA DALI decodes the TFRecord files' JPEGs on the
+  # GPU (requirements-gpu.txt); auto takes DALI on a GPU where
+  # launch.benchmark --input_only --save_policy measured it faster.
+  config.input_pipeline = 'tf.data'
   # grpc://HOST:PORT of a tf.data service dispatcher (launch.data_service):
   # its workers run the training input. '' runs it here.
   config.data_service = ''

@@ -34,6 +34,7 @@ from launch import cli
 from pipeline.run import console
 from pipeline.reports import benchmark
 from pipeline.reports import benchmark_report
+from pipeline.data import dali
 from pipeline.run import plan
 from pipeline.run import saved_policy
 from pipeline.storage import workdirs
@@ -56,7 +57,9 @@ _SAVE_POLICY = flags.DEFINE_bool(
     'for this GPU model and software, so --policy=auto takes it there '
     '(pipeline/run/saved_policy.py). With --backends=tensorflow,jax: keep '
     'the faster backend and its policy, so --backend=auto takes them '
-    '(pipeline/backends/measured.py).')
+    '(pipeline/backends/measured.py). With --input_only on TFRecord files: '
+    'keep tf.data\'s and DALI\'s images/s, so --config.input_pipeline=auto '
+    'takes the faster (pipeline/data/dali.py).')
 _XLA_SETTINGS = flags.DEFINE_list(
     'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try '
     '(off, on).')
@@ -101,10 +104,23 @@ def main(argv):
       if _SAVE_POLICY.value:
         text += '\n' + saved_policy.save_sweep(result)
     else:
-      result = benchmark.run(config, plan.resolve(config, request),
-                             _EXECUTIONS.value, _INPUT_ONLY.value,
-                             _TARGET.value)
+      resolved = plan.resolve(config, request)
+      gpu = resolved.hardware.gpu_name
+      if _SAVE_POLICY.value and not (_INPUT_ONLY.value and gpu):
+        raise UserError('--save_policy keeps what was measured fastest on a '
+                        'GPU model: with --policies, --backends, or '
+                        '--input_only (the input pipelines) on a GPU')
+      result = benchmark.run(config, resolved, _EXECUTIONS.value,
+                             _INPUT_ONLY.value, _TARGET.value)
       text = benchmark_report.table(result)
+      if _SAVE_POLICY.value:
+        rates = result.get('pipelines_images_per_sec', {})
+        if dali.DALI not in rates:
+          raise UserError('--save_policy --input_only compares tf.data with '
+                          'DALI on TFRecord files (--config.dataset=tfrecord) '
+                          f'where DALI is installed; {dali.INSTALL}')
+        text += (f'\nkept for --config.input_pipeline=auto on {gpu}: '
+                 f'{dali.save_rates(gpu, rates)}')
   except UserError as e:
     sys.exit(f'error: {e}')
   print(text)

@@ -42,9 +42,11 @@ def test_the_gpu_requirements_resolve_with_every_nvidia_wheel_pinned(python):
   resolved = _compile(GPU_REQUIREMENTS, python, 'x86_64-manylinux_2_28')
   nvidia = {name: version for name, version in resolved.items()
             if name.startswith('nvidia-')}
-  with open(GPU_REQUIREMENTS) as f:
-    pins = _pins(f.read())
-  assert len(nvidia) == 14
+  pins = {}
+  for name in ('requirements-gpu.txt', 'requirements-dali.txt'):
+    with open(os.path.join(REPO, name)) as f:
+      pins.update(_pins(f.read()))
+  assert len(nvidia) == 20  # CUDA 14, DALI and its image codecs 6.
   assert nvidia == {name: pins[name] for name in nvidia}  # All pinned.
   cudnn = tuple(int(p) for p in nvidia['nvidia-cudnn-cu12'].split('.')[:2])
   assert cudnn >= (9, 24)
@@ -53,6 +55,14 @@ def test_the_gpu_requirements_resolve_with_every_nvidia_wheel_pinned(python):
   for name in ('jaxlib', 'jax-cuda12-pjrt', 'jax-cuda12-plugin'):
     assert resolved[name] == pins[name] == '0.10.2', name
   assert resolved['jax'] == pins['jax[cuda12]']
+  assert resolved['nvidia-dali-cuda120'] == pins['nvidia-dali-cuda120']
+
+
+def test_dali_stays_out_of_the_cpu_and_tpu_requirements():
+  for name in ('requirements.txt', 'requirements-tpu.txt',
+               'requirements-jax.txt', 'requirements-test.txt'):
+    with open(os.path.join(REPO, name)) as f:
+      assert 'dali' not in f.read().lower(), name
 
 
 @pytest.mark.parametrize('python', PYTHONS)

@@ -100,6 +100,10 @@ class Backend(Protocol):
     """The batches of `input_fn(tf.distribute.InputContext)` as the
     trainer takes them (iter() gives a fresh pass)."""
 
+  def distribute_dali(self, hardware, dali_input) -> Iterable:
+    """The batches of a data.dali.Input's pipelines (one per shard) as the
+    trainer takes them, decoded on the GPUs where the run has them."""
+
   def sum_over_workers(self, hardware) -> Callable:
     """A function numpy vector -> the element-wise sum of every worker's,
     which every worker calls at the same step."""

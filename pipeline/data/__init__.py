@@ -4,6 +4,9 @@ sources.py (tfds, TFRecord files, the bundled sets photos.py and
 sklearn_digits.py), tfrecords.py (writing and reading records), decode.py
 (JPEG decoding and crops), augment.py (RandAugment, mixup, CutMix),
 cache.py (what to cache), inputs.py (the tf.data pipelines per input
-context), data_service.py (a tf.data service). Imports pipeline.errors and
-storage/ only: both backends read the same tf.data pipelines.
+context, and the run's batches from either pipeline), data_service.py (a
+tf.data service), dali.py and dali_index.py (NVIDIA DALI's pipelines and
+their index files). Imports pipeline.errors and storage/ only: both
+backends read the same tf.data pipelines, and run the same DALI pipelines
+through their own DALI plugins.
 """

@@ -1,4 +1,6 @@
-"""tf.data input built per worker from a source's records (sources.py).
+"""The input of a run: tf.data built per worker from a source's records
+(sources.py), or DALI's pipelines (dali.py); train_batches and eval_batches
+give either as the plan's backend takes it.
 
 One pipeline serves every source. Each record is decoded to just the window
 the model sees (a JPEG's crop window alone), skipped and counted if it
@@ -14,10 +16,30 @@ import tensorflow as tf
 
 from pipeline.data import augment
 from pipeline.data import cache as cache_lib
+from pipeline.data import dali
 from pipeline.data import data_service
 from pipeline.data import decode
 
 AUTOTUNE = tf.data.AUTOTUNE
+
+
+def train_batches(config, plan, service_job='train'):
+  """The plan's training batches, through its backend."""
+  if plan.input_pipeline == dali.DALI:
+    return plan.backend.distribute_dali(plan.hardware, dali.train_input(
+        config, plan.source, plan.global_batch_size, plan.staging_dir))
+  return plan.backend.distribute(plan.hardware, train_input_fn(
+      config, plan.source, plan.global_batch_size, plan.cache, service_job))
+
+
+def eval_batches(config, plan):
+  """The plan's evaluation batches (eval_steps of them), through its
+  backend."""
+  if plan.input_pipeline == dali.DALI:
+    return plan.backend.distribute_dali(plan.hardware, dali.eval_input(
+        config, plan.source, plan.global_batch_size, plan.staging_dir))
+  return plan.backend.distribute(plan.hardware, eval_input_fn(
+      config, plan.source, plan.global_batch_size, plan.cache))
 
 
 def _default_cache(config):

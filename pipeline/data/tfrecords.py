@@ -5,6 +5,8 @@ and `image/class/label` (int64; ImageNet's files count from 1, hence the
 configurable label offset in data.py).
 """
 
+import os
+
 import tensorflow as tf
 
 from pipeline.errors import UserError
@@ -15,6 +17,11 @@ FEATURES = {
     IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
     LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
 }
+
+
+# DALI's indices of the files in a folder (dali_index.py), which a glob of
+# the folder's files may match.
+INDEX_FOLDER = '.dali_index'
 
 
 def serialize(encoded_image, label):
@@ -42,6 +49,7 @@ def list_files(pattern):
     files = sorted(tf.io.gfile.glob(pattern))
   except tf.errors.OpError as e:
     raise UserError(f'cannot list files matching {pattern!r}: {e.message}')
+  files = [f for f in files if os.path.basename(f) != INDEX_FOLDER]
   if not files:
     raise UserError(f'no file matches {pattern!r}')
   folders = [f for f in files if tf.io.gfile.isdir(f)]

@@ -22,6 +22,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from pipeline.data import dali
 from pipeline.data import inputs
 from pipeline.run import plan as plan_lib
 from pipeline.data import tfrecords
@@ -163,16 +164,29 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
     logging.info('Ours and the reference preprocessing (tensorflow/tpu) on '
                  'the same files, alternated %d times', _ROUNDS)
     files = tfrecords.list_files(config.train_files)
-    ours, reference = zip(*[
+    # DALI beside them where it is installed, decoding where training would.
+    on_gpu = plan.hardware.device_kind == 'GPU'
+    with_dali = dali.installed() and source.name == 'tfrecord'
+    dali_input = with_dali and dali.train_input(config, source, batch,
+                                                plan.staging_dir)
+    ours, reference, dalis = zip(*[
         (input_throughput(config, source, batch, batches, plan.cache)[1],
-         reference_throughput(files, config.image_size, batch, batches))
+         reference_throughput(files, config.image_size, batch, batches),
+         dali.throughput(dali_input, batches, on_gpu) if with_dali else 0.0)
         for _ in range(_ROUNDS)])
     result.update(
         input_rounds_images_per_sec=list(ours),
         reference_rounds_images_per_sec=list(reference),
         reference_input_images_per_sec=statistics.median(reference),
         input_vs_reference=statistics.median(
-            o / r for o, r in zip(ours, reference)))
+            o / r for o, r in zip(ours, reference)),
+        pipelines_images_per_sec={dali.TF_DATA: statistics.median(ours)})
+    if with_dali:
+      result['pipelines_images_per_sec'][dali.DALI] = statistics.median(dalis)
+      result.update(dali_rounds_images_per_sec=list(dalis),
+                    dali_decodes_on='GPU' if on_gpu else 'CPU',
+                    dali_vs_tf_data=statistics.median(
+                        d / o for d, o in zip(dalis, ours)))
   if target_images_per_sec:
     result.update(target_images_per_sec=target_images_per_sec,
                   input_feeds_target=warm >= target_images_per_sec,
@@ -186,14 +200,12 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
 
 def _train_throughputs(config, plan, executions):
   """Training on one synthetic batch on the device, then on the real input."""
-  source = plan.source
   batch, spe = plan.global_batch_size, plan.steps_per_execution
   trainer = plan.backend.build_trainer(config, plan)
   compile_s, synthetic_rate, synthetic_wait = _synthetic_throughput(
       config, plan, trainer, executions)
   logging.info('Training on the real input: %d executions', executions)
-  real_iterator = iter(plan.backend.distribute(
-      plan.hardware, inputs.train_input_fn(config, source, batch, plan.cache)))
+  real_iterator = iter(inputs.train_batches(config, plan))
   _, seconds, real_wait = _timed_executions(trainer, real_iterator, spe,
                                             executions)
   return {

@@ -37,6 +37,10 @@ def table(result):
   if 'reference_input_images_per_sec' in r:
     rows.append(('reference input (tensorflow/tpu)',
                  r['reference_input_images_per_sec'], None))
+  if 'dali_decodes_on' in r:
+    rate = r['pipelines_images_per_sec']['dali']
+    rows += [(f'DALI ({r["dali_decodes_on"]}), same files', rate, None),
+             (f'  per core ({r["cores"]} cores)', rate / r['cores'], None)]
   if 'train_synthetic_images_per_sec' in r:
     rows += [('train, synthetic on device', r['train_synthetic_images_per_sec'],
               r['train_synthetic_input_wait_fraction']),
@@ -57,6 +61,13 @@ def table(result):
             f'{o:.0f}/{f:.0f}' for o, f in zip(
                 r['input_rounds_images_per_sec'],
                 r['reference_rounds_images_per_sec'])) + ')')
+  if 'dali_vs_tf_data' in r:
+    lines.append(
+        f'DALI / tf.data: {r["dali_vs_tf_data"]:.2f}x (median of '
+        f'{len(r["dali_rounds_images_per_sec"])} alternated rounds: '
+        + ', '.join(f'{d:.0f}/{o:.0f}' for d, o in zip(
+            r['dali_rounds_images_per_sec'], r['input_rounds_images_per_sec']))
+        + ')')
   if 'target_images_per_sec' in r:
     lines.append(
         f'target {r["target_images_per_sec"]:.0f} images/s: '

@@ -69,7 +69,6 @@ class Evaluator:
     of the backend it trained on); this backend's own if None."""
     self.config, self.plan = config, plan
     self.trainer = plan.backend.build_trainer(config, plan)
-    hardware = plan.hardware
     trainer = self.trainer
     self.checkpointer = Checkpointer(
         plan.workdir, config.keep_checkpoints, is_chief=False,
@@ -78,8 +77,7 @@ class Evaluator:
             trainer.checkpoint_files, io_device=plan.io_device,
             written_as=written_as or plan.backend.checkpoint_format))
     batch = plan.global_batch_size
-    self.dataset = plan.backend.distribute(hardware, inputs.eval_input_fn(
-        config, plan.source, batch, plan.cache))
+    self.dataset = inputs.eval_batches(config, plan)
     self.num_steps = inputs.eval_steps(plan.source, batch)
 
   def evaluate(self, step=None):

@@ -16,6 +16,7 @@ from absl import logging
 
 from pipeline import backends
 from pipeline.data import cache as cache_lib
+from pipeline.data import dali
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.run import compile_cache as compile_cache_lib
@@ -53,6 +54,9 @@ class Plan:
   backend: object = None  # The backends.interface.Backend that runs it.
   backend_reason: str = ''
   compile_cache: Optional[compile_cache_lib.Settings] = None
+  input_pipeline: str = dali.TF_DATA  # Or dali.DALI (data/dali.py).
+  input_pipeline_reason: str = ''
+  staging_dir: str = ''  # Local files of the run: gs:// copies, DALI's index.
 
   @property
   def policy(self):
@@ -119,6 +123,8 @@ class Plan:
         'frozen_steps': self.frozen_steps,
         'cache': self.cache,
         'cache_reason': self.cache_reason,
+        'input_pipeline': self.input_pipeline,
+        'input_pipeline_reason': self.input_pipeline_reason,
         'workdir': self.workdir.url if self.workdir else None,
         'software': hardware_lib.software(),
     }
@@ -149,7 +155,8 @@ class Plan:
         f'learning rate {self.peak_learning_rate:.3g} = base '
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
-        f'Input: cache {self.cache} ({self.cache_reason}); augment '
+        f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
+        f'cache {self.cache} ({self.cache_reason}); augment '
         f'{config.augment}{_mixing(config)}'
         + (f'; training input from tf.data service {config.data_service} '
            '(sharding OFF: each worker streams the whole set)'
@@ -197,7 +204,12 @@ def resolve(config, request, hardware=None):
   validation.validate(config, hardware.num_replicas, models.MODELS)
   workdir = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
-  cache, cache_reason = cache_lib.choose(config, source)
+  input_pipeline, input_reason = dali.choose(
+      config, hardware.device_kind,
+      dali.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
+  cache, cache_reason = (
+      cache_lib.choose(config, source) if input_pipeline == dali.TF_DATA else
+      ('none', 'DALI decodes every epoch'))
   steps_per_epoch = schedule.epoch_steps(config.examples_per_epoch,
                                 source.num_train_examples,
                                 config.global_batch_size)
@@ -213,7 +225,8 @@ def resolve(config, request, hardware=None):
       cache=cache, cache_reason=cache_reason,
       frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
-      compile_cache=_compile_cache(config))
+      compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
+      input_pipeline_reason=input_reason, staging_dir=request.staging_dir)
   for line in plan.describe(config)[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan

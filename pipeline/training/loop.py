@@ -67,11 +67,9 @@ def _train_and_evaluate(config, plan, extra_actions):
   initial_step = _restore_or_initialize(config, plan, trainer, checkpointer)
 
   backend, batch = plan.backend, plan.global_batch_size
-  train_data = backend.distribute(hardware, inputs.train_input_fn(
-      config, plan.source, batch, plan.cache,
-      service_job=f'train:{workdir.url}'))
-  eval_data = backend.distribute(hardware, inputs.eval_input_fn(
-      config, plan.source, batch, plan.cache))
+  train_data = inputs.train_batches(config, plan,
+                                    service_job=f'train:{workdir.url}')
+  eval_data = inputs.eval_batches(config, plan)
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
   _write_plan_text(config, plan, train_writer, initial_step)

@@ -69,6 +69,10 @@ class JaxBackend:
   def distribute(self, hardware, input_fn):
     return hardware.strategy.host_batches(input_fn)
 
+  def distribute_dali(self, hardware, dali_input):
+    from pipeline.backends.jax import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
+    return dali_lib.DaliBatches(hardware.strategy, dali_input)
+
   def sum_over_workers(self, hardware):
     return hardware.strategy.sum_over_hosts
 

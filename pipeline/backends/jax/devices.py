@@ -59,11 +59,26 @@ class DataParallel:
     return np.asarray(gathered).reshape(-1, len(values)).sum(axis=0)
 
   def to_devices(self, host_arrays, stacked=False):
-    """Global arrays, split over every device, from this host's share."""
+    """Global arrays, split over every device, from this host's share (or
+    already there: DALI's GPU batches)."""
     sharding = self.batch_sharding(stacked)
     return jax.tree.map(
-        lambda a: jax.make_array_from_process_local_data(sharding, a),
-        host_arrays)
+        lambda a: a if isinstance(a, jax.Array) else
+        jax.make_array_from_process_local_data(sharding, a), host_arrays)
+
+  def stack(self, batches, slots):
+    """[slots, batch, ...] arrays on the devices from `batches` (tuples of
+    arrays), the unused slots zeros: each part stacked where it lies (the
+    host's numpy, or DALI's arrays already on the devices)."""
+    def stacked(parts):
+      on_devices = isinstance(parts[0], jax.Array)
+      xp = jax.numpy if on_devices else np
+      padding = xp.zeros((slots - len(parts), *parts[0].shape), parts[0].dtype)
+      whole = xp.concatenate([xp.stack(parts), padding])
+      return (jax.device_put(whole, self.batch_sharding(True)) if on_devices
+              else whole)
+    return self.to_devices([stacked(parts) for parts in zip(*batches)],
+                           stacked=True)
 
 
 class HostBatches:

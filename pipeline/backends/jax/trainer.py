@@ -97,11 +97,8 @@ class Trainer:
     with self._errors_in_one_line():  # The input checks the labels.
       batches = [next(iterator) for _ in range(num_steps)]
     wait_s = time.perf_counter() - start
-    stacked = [np.stack(parts) for parts in zip(*batches)]
-    images, labels = [
-        np.concatenate([a, np.zeros((self.slots - num_steps, *a.shape[1:]),
-                                    a.dtype)]) for a in stacked[:2]]
-    images, labels = self.strategy.to_devices([images, labels], stacked=True)
+    images, labels = self.strategy.stack(
+        [batch[:2] for batch in batches], self.slots)
     with self._errors_in_one_line():
       self.state, outputs = program(self.state, images, labels,
                                     np.int32(num_steps))
@@ -109,7 +106,8 @@ class Trainer:
     return {'loss': float(outputs['loss']),
             'accuracy': float(outputs['accuracy']),
             'input_wait_s': wait_s,
-            'skipped_records': int(stacked[2].sum()) if len(stacked) > 2 else 0,
+            'skipped_records': sum(int(np.sum(batch[2])) for batch in batches
+                                   if len(batch) > 2),
             'step_losses': np.asarray(outputs['step_losses'][:num_steps])}
 
   def evaluate(self, dataset, num_steps):

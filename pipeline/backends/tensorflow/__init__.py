@@ -55,6 +55,10 @@ class TensorFlowBackend:
   def distribute(self, hardware, input_fn):
     return hardware.strategy.distribute_datasets_from_function(input_fn)
 
+  def distribute_dali(self, hardware, dali_input):
+    from pipeline.backends.tensorflow import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
+    return dali_lib.distribute(hardware, dali_input)
+
   def sum_over_workers(self, hardware):
     from pipeline.backends.tensorflow import devices  # pylint: disable=g-import-not-at-top
     return devices.sum_over_workers(hardware.strategy)

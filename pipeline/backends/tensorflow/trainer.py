@@ -20,6 +20,7 @@ from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.backends.tensorflow import graph_rewrite
 from pipeline.backends.tensorflow import steps
 from pipeline.backends.tensorflow.devices import peers_lost_in_one_line
+from pipeline.data import dali
 from pipeline.data import decode
 from pipeline.errors import UserError
 from pipeline.run import precision
@@ -45,6 +46,7 @@ class Trainer:
   # with its own compiled function (the variables it updates differ).
   frozen_steps: int = 0
   frozen_train_fn: object = None
+  input_files: tuple = ()  # DALI's: named if it cannot decode a record.
 
   def trackables(self):
     """What a checkpoint of this run holds, by name."""
@@ -149,8 +151,9 @@ class Trainer:
               for key, value in outputs.items()}
     except tf.errors.ResourceExhaustedError:
       raise UserError(self.out_of_memory) from None
-    except tf.errors.InvalidArgumentError as e:
-      message = decode.label_error(e, self.num_classes, self.label_offset)
+    except tf.errors.OpError as e:
+      message = decode.label_error(e, self.num_classes, self.label_offset) or (
+          self.input_files and dali.failure_message(e, self.input_files))
       if message:
         raise UserError(message) from None
       raise
@@ -200,4 +203,6 @@ def _build(config, plan):
                  plan.out_of_memory_message(config), ema=ema,
                  frozen_steps=plan.frozen_steps,
                  frozen_train_fn=(train_function() if plan.frozen_steps
-                                  else None))
+                                  else None),
+                 input_files=(dali.input_files(config)
+                              if plan.input_pipeline == dali.DALI else ()))

@@ -1,0 +1,320 @@
+"""NVIDIA DALI input (--config.input_pipeline=dali): JPEGs decoded on the GPU.
+
+One host's cores decode about what one H100 trains (BUILD_NOTES.md, "Input
+pipeline"), so NVIDIA's own references feed GPUs with DALI: nvJPEG, and the
+hardware JPEG decoder of A100 and H100 (device='mixed'). Without a GPU the
+same pipeline decodes on the CPU.
+
+It reads the TFRecord files tf.data reads, through an index per file
+(dali_index.py), with tf.data's preprocessing: tensorflow/tpu's inception
+crop decoded alone (image_random_crop: 8-100% of the area, aspect 3/4-4/3,
+10 attempts), flips, RandAugment (DALI's own, 2 ops at half magnitude, as
+augment.py's Keras layer), translations, evaluation's central crop, and
+label_offset; the records split into shards (one per host, or per GPU),
+each read by its own pipeline only, in a different order each epoch (a
+shuffle buffer, as tf.data's).
+
+DALI cannot skip a record it cannot decode (a batch is decoded whole:
+NVIDIA/DALI#3913): the run stops in one line naming the record, found by one
+pass of tf.data over the files (failure_message). Pipelines here import no
+framework; each backend's DALI plugin runs them (Backend.distribute_dali).
+"""
+
+import dataclasses
+import importlib.util
+import re
+from typing import Optional
+
+from absl import logging
+
+from pipeline.data import dali_index
+from pipeline.errors import UserError
+from pipeline.storage import user_cache
+
+DALI = 'dali'
+TF_DATA = 'tf.data'
+INSTALL = ('pip install -r requirements-gpu.txt (it pins DALI for CUDA 12, '
+           'nvidia-dali-cuda120)')
+# augment.py's RandAugment: Keras' 2 ops at factor 0.5, DALI's magnitude
+# bins 0-30, so 15 of them.
+RANDAUGMENT_OPS, RANDAUGMENT_MAGNITUDE = 2, 15
+# A record DALI cannot read as an image: its decoders or the shape probe.
+_FAILED = re.compile(r'Error in (?:CPU|GPU|MIXED) operator `nvidia\.dali\.fn\.'
+                     r'(?:decoders\.\w+|peek_image_shape)`.*?encountered:\s*'
+                     r'(\S[^\n]*)', re.S)
+
+
+def installed():
+  try:
+    return importlib.util.find_spec('nvidia.dali') is not None
+  except ModuleNotFoundError:  # No nvidia package at all.
+    return False
+
+
+def choose(config, device_kind, saved_rates=None):
+  """(input pipeline, reason) for --config.input_pipeline=auto|tf.data|dali.
+
+  auto takes DALI on GPUs where it is installed and was measured faster on
+  this GPU model (`saved_rates`: launch.benchmark --input_only
+  --save_policy's images/s per pipeline), tf.data otherwise. An explicit
+  dali is checked here: one line for what it cannot run.
+  """
+  requested = config.input_pipeline
+  if requested not in ('auto', TF_DATA, DALI):
+    raise UserError(f'--config.input_pipeline={requested!r}: expected auto, '
+                    f'{TF_DATA} or {DALI}')
+  if requested == TF_DATA:
+    return TF_DATA, 'as configured'
+  if requested == DALI:
+    _check(config)
+    return DALI, ('as configured; decoding on the GPU' if device_kind == 'GPU'
+                  else 'as configured; decoding on the CPU (no GPU)')
+  if device_kind != 'GPU':
+    return TF_DATA, 'auto: DALI pays on GPUs only (its CPU decoding is slower)'
+  if not installed():
+    return TF_DATA, 'auto: DALI is not installed'
+  if not saved_rates:
+    return TF_DATA, ('auto: DALI not measured on this GPU; launch.benchmark '
+                     '--input_only --save_policy measures both')
+  rates = ', '.join(f'{name} {rate:,.0f}' for name, rate in
+                    sorted(saved_rates.items()))
+  faster = max(saved_rates, key=saved_rates.get)
+  if faster == DALI and not _refusal(config):
+    return DALI, f'auto: measured faster on this GPU ({rates} img/s)'
+  return TF_DATA, (f'auto: measured on this GPU ({rates} img/s)'
+                   + (f'; DALI cannot run this config: {_refusal(config)}'
+                      if faster == DALI else ''))
+
+
+def _saved_path(gpu_name):
+  # Input speed is the GPU's decoder and this host's cores together.
+  return user_cache.folder('input', user_cache.slug(gpu_name),
+                           f'{dali_index.cpu_threads()}-cores.json')
+
+
+def save_rates(gpu_name, rates):
+  """Keeps launch.benchmark --input_only's images/s per pipeline for this
+  GPU model and core count; returns the file."""
+  path = _saved_path(gpu_name)
+  user_cache.write_json(path, {'gpu': gpu_name, 'images_per_sec': rates})
+  return path
+
+
+def saved_rates(gpu_name):
+  """{pipeline: images/s} saved for this GPU model and core count, or
+  None. An unreadable file is passed over with one warning line."""
+  path = _saved_path(gpu_name)
+  try:
+    record = user_cache.read_json(path)
+    return record and {str(name): float(rate) for name, rate in
+                       record['images_per_sec'].items()}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    logging.warning('saved input measurement %s is unreadable (%s); using '
+                    'tf.data', path, e)
+    return None
+
+
+def _refusal(config):
+  """Why DALI cannot run `config`, or ''."""
+  if config.dataset != 'tfrecord':
+    return ('DALI reads TFRecord files: --config.dataset=tfrecord (write '
+            'them with launch.make_tfrecords)')
+  if config.mixup_alpha or config.cutmix_alpha:
+    return ('mixup and CutMix run in tf.data: set --config.mixup_alpha=0 '
+            '--config.cutmix_alpha=0, or --config.input_pipeline=tf.data')
+  if config.data_service:
+    return 'a tf.data service runs tf.data: --config.input_pipeline=tf.data'
+  gcs = [p for p in (config.train_files, config.eval_files)
+         if p.startswith('gs://')]
+  if gcs:
+    return (f'DALI reads local files, not {gcs[0]}: copy them to a local '
+            'disk (gcloud storage cp), or --config.input_pipeline=tf.data')
+  return ''
+
+
+def _check(config):
+  if not installed():
+    raise UserError(f'--config.input_pipeline=dali: DALI is not installed; '
+                    f'{INSTALL}')
+  refusal = _refusal(config)
+  if refusal:
+    raise UserError(f'--config.input_pipeline=dali: {refusal}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+  """One split's DALI pipelines: `pipeline(shard, shards, device_id)`
+  builds the one for a shard; `device_id` None decodes on the CPU."""
+  files: tuple
+  indices: tuple
+  training: bool
+  global_batch_size: int
+  num_examples: int
+  image_size: int
+  num_classes: int
+  label_offset: int
+  augment: str
+  central_fraction: float
+  shuffle_buffer: int
+  seed: Optional[int]
+  num_threads: int
+
+  def pipeline(self, shard_id, num_shards, device_id):
+    from nvidia.dali import pipeline_def  # pylint: disable=g-import-not-at-top
+    build = pipeline_def(self._graph, enable_conditionals=True)
+    return build(shard_id, num_shards, device_id is not None,
+                 batch_size=self.global_batch_size // num_shards,
+                 num_threads=self.num_threads, device_id=device_id,
+                 seed=None if self.seed is None else self.seed + shard_id,
+                 prefetch_queue_depth=2)
+
+  def shard_size(self, shard_id, num_shards):
+    """Examples in a shard, as DALI's readers split them."""
+    return ((shard_id + 1) * self.num_examples // num_shards
+            - shard_id * self.num_examples // num_shards)
+
+  def _graph(self, shard_id, num_shards, on_gpu):
+    from nvidia.dali import fn  # pylint: disable=g-import-not-at-top
+    from nvidia.dali import types  # pylint: disable=g-import-not-at-top
+    from nvidia.dali import tfrecord  # pylint: disable=g-import-not-at-top
+    records = fn.readers.tfrecord(
+        path=list(self.files), index_path=list(self.indices), features={
+            'image/encoded': tfrecord.FixedLenFeature((), tfrecord.string, ''),
+            'image/class/label': tfrecord.FixedLenFeature(
+                [1], tfrecord.int64, -1)},
+        shard_id=shard_id, num_shards=num_shards, stick_to_shard=True,
+        random_shuffle=self.training, initial_fill=max(min(
+            self.shuffle_buffer, self.shard_size(shard_id, num_shards)), 1),
+        name='reader')
+    encoded = records['image/encoded']
+    label = fn.reshape(fn.cast(records['image/class/label'],
+                               dtype=types.INT32), shape=[])
+    label = label - self.label_offset
+    device = 'mixed' if on_gpu else 'cpu'
+    image = (self._train_image(encoded, device) if self.training
+             else self._eval_image(encoded, device))
+    return image, label.gpu() if on_gpu else label
+
+  def _train_image(self, encoded, device):
+    from nvidia.dali import fn  # pylint: disable=g-import-not-at-top
+    from nvidia.dali import types  # pylint: disable=g-import-not-at-top
+    size, kind = self.image_size, self.augment
+    if kind.startswith('inception'):
+      image = fn.decoders.image_random_crop(
+          encoded, device=device, output_type=types.RGB,
+          random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
+          num_attempts=10)
+      image = fn.resize(image, resize_x=size, resize_y=size)
+    else:
+      image = self._central_square(encoded, device, 1.0)
+    if kind.startswith('translate'):  # Zero-padded by size // 8, then cut.
+      pad = max(size // 8, 1)
+      image = fn.slice(image, fn.random.uniform(
+          range=[-pad, pad + 1], dtype=types.INT32, shape=[2]),
+                       [size, size], axis_names='WH',
+                       out_of_bounds_policy='pad', fill_values=0)
+    if kind in ('translate_flip', 'inception', 'inception_randaugment'):
+      image = fn.flip(image, horizontal=fn.random.coin_flip())
+    if kind == 'inception_randaugment':
+      from nvidia.dali.auto_aug import rand_augment  # pylint: disable=g-import-not-at-top
+      image = rand_augment.rand_augment(image, n=RANDAUGMENT_OPS,
+                                        m=RANDAUGMENT_MAGNITUDE)
+    return image
+
+  def _eval_image(self, encoded, device):
+    return self._central_square(encoded, device, self.central_fraction)
+
+  def _central_square(self, encoded, device, fraction):
+    """decode.central_window's square of `fraction` of the shorter side,
+    resized (bilinear) to image_size."""
+    from nvidia.dali import fn  # pylint: disable=g-import-not-at-top
+    from nvidia.dali import types  # pylint: disable=g-import-not-at-top
+    shape = fn.cast(fn.peek_image_shape(encoded), dtype=types.FLOAT)
+    side = fn.cast(fn.cast(fraction * fn.reductions.min(shape[0:2]),
+                           dtype=types.INT32), dtype=types.FLOAT)
+    image = fn.decoders.image_crop(
+        encoded, device=device, output_type=types.RGB, crop_h=side,
+        crop_w=side, crop_pos_x=0.5, crop_pos_y=0.5)
+    return fn.resize(image, resize_x=self.image_size,
+                     resize_y=self.image_size, interp_type=types.INTERP_LINEAR)
+
+
+def train_input(config, source, global_batch_size, staging_dir):
+  return _input(config, source, global_batch_size, staging_dir, True)
+
+
+def eval_input(config, source, global_batch_size, staging_dir):
+  return _input(config, source, global_batch_size, staging_dir, False)
+
+
+def _input(config, source, global_batch_size, staging_dir, training):
+  from pipeline.data import decode  # pylint: disable=g-import-not-at-top
+  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
+  files = tuple(tfrecords.list_files(config.train_files if training
+                                     else config.eval_files))
+  return Input(
+      files=files, indices=tuple(dali_index.indices(files, staging_dir)),
+      training=training, global_batch_size=global_batch_size,
+      num_examples=(source.num_train_examples if training
+                    else source.num_eval_examples),
+      image_size=config.image_size, num_classes=source.num_classes,
+      label_offset=config.label_offset, augment=config.augment,
+      central_fraction=decode.central_fraction(config),
+      shuffle_buffer=config.shuffle_buffer,
+      seed=config.seed if config.deterministic_input else None,
+      num_threads=dali_index.cpu_threads())
+
+
+def throughput(dali_input, batches, on_gpu):
+  """Images/s of one pipeline over the whole batch (the GPU's first, or
+  the CPU's), after a first batch that starts its threads."""
+  import time  # pylint: disable=g-import-not-at-top
+  pipeline = dali_input.pipeline(0, 1, 0 if on_gpu else None)
+  pipeline.build()
+  pipeline.run()
+  start = time.perf_counter()
+  for _ in range(batches):
+    pipeline.run()
+  return batches * dali_input.global_batch_size / (time.perf_counter() - start)
+
+
+def input_files(config):
+  """Both splits' files, where a record DALI cannot decode is looked for."""
+  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
+  return tuple(tfrecords.list_files(config.train_files)
+               + tfrecords.list_files(config.eval_files))
+
+
+def check_labels(labels, num_classes, label_offset, files):
+  """One-line UserError for a label outside [0, num_classes) (numpy)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  labels = np.asarray(labels)
+  bad = labels[(labels < 0) | (labels >= num_classes)]
+  if bad.size:
+    raise UserError(
+        f'label {int(bad[0])} (after label_offset={label_offset}) in a record '
+        f'of {files_named(files)} is outside [0, {num_classes}); check '
+        '--config.num_classes and --config.label_offset')
+
+
+def failure_message(error, files):
+  """The one-line message for DALI failing to decode a record of `files`,
+  or None for other errors."""
+  found = _FAILED.search(str(error))
+  if not found:
+    return None
+  cause = found.group(1).strip()
+  logging.info('DALI could not decode a record (%s); finding it with '
+               'tf.data in %d file(s)', cause, len(files))
+  where = dali_index.first_undecodable(files)
+  return ('DALI cannot decode '
+          + (f'record {where[1]} of {where[0]}' if where else
+             f'a record of {files_named(files)} that tf.data decodes')
+          + f' ({cause}) and cannot skip one; remove it, or train with '
+          '--config.input_pipeline=tf.data, which skips and counts such '
+          'records')
+
+
+def files_named(files):
+  return files[0] + (f' (or {len(files) - 1} other file(s))'
+                     if len(files) > 1 else '')
