@@ -17,6 +17,11 @@ from pipeline.errors import UserError
 
 
 def distribute(hardware, dali_input):
+  if hardware.device_kind == 'TPU':
+    raise UserError('--config.input_pipeline=dali feeds GPUs (and CPUs); a '
+                    'TPU on TensorFlow reads tf.data (--config.input_pipeline'
+                    '=tf.data), or train on --backend=jax, whose hosts run '
+                    'DALI on their CPUs')
   try:
     from nvidia.dali.plugin import tf as dali_tf  # pylint: disable=g-import-not-at-top
   except ImportError as e:
