@@ -426,6 +426,17 @@ def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
   for _, r in rows:
     assert r['train_synthetic_images_per_sec'] > 0
     assert r['train_real_images_per_sec'] > 0
+  # One training step's arithmetic per image, by XLA's cost analysis of
+  # each backend's own program: B0 at 32 px, about 3x its forward pass.
+  flops = [r['flops_per_image'] for _, r in rows]
+  assert 20e6 < flops[0] < 200e6 and abs(flops[1] / flops[0] - 1) < 0.05, flops
+  for _, r in rows:
+    assert r['bytes_per_image'] > 0
+    assert r['achieved_flops_per_sec'] == pytest.approx(
+        r['flops_per_image'] * r['train_synthetic_images_per_sec'])
+  assert re.search(r'^jax: one training step per image \(XLA cost '
+                   r'analysis\): [\d.]+ GFLOP', result.stdout, re.M)
+  assert 'of the peak: no figure for 2 x CPU device' in result.stdout
   assert re.search(r'^jax +DataParallel x2 +\d+\.\d', result.stdout, re.M)
   assert re.search(r'^tensorflow +MirroredStrategy x2 +\d+\.\d',
                    result.stdout, re.M)

@@ -99,6 +99,9 @@ def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
               'reference input (tensorflow/tpu)', 'train, synthetic on device',
               'train, real input', 'input / reference preprocessing: '):
     assert row in result.stdout
+  # TensorFlow's environment has no jaxlib to read XLA's cost analysis.
+  assert ("FLOPs per image: none (XLA's cost analysis is read through "
+          'jaxlib, which is not installed here') in result.stdout
 
 
 def test_benchmark_of_the_input_alone_against_a_target(jpeg_dir, tmp_path):

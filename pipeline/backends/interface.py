@@ -62,6 +62,12 @@ class Trainer(Protocol):
   def read_back(self) -> None:
     """Takes the model's weights (just loaded into it) as the run's state."""
 
+  def step_cost(self) -> dict:
+    """XLA's cost analysis of one training step, per image: 'flops' of the
+    step as traced (the model's arithmetic, alike on every device) and
+    'bytes' accessed by it as compiled for this device (after fusion);
+    else {'reason': why there are none}. After a train() call."""
+
 
 class Backend(Protocol):
   """A Keras backend as the pipeline uses it."""

@@ -26,6 +26,7 @@ from pipeline.data import dali
 from pipeline.data import inputs
 from pipeline.run import plan as plan_lib
 from pipeline.data import tfrecords
+from pipeline.reports import peaks
 from pipeline.errors import UserError
 
 _ROUNDS = 3  # Of ours against the reference.
@@ -208,7 +209,15 @@ def _train_throughputs(config, plan, executions):
   real_iterator = iter(inputs.train_batches(config, plan))
   _, seconds, real_wait = _timed_executions(trainer, real_iterator, spe,
                                             executions)
+  hardware = plan.hardware
+  logging.info("The step's FLOPs and bytes per image (XLA's cost analysis)")
+  cost = trainer.step_cost()
   return {
+      **{f'{key}_per_image' if key != 'reason' else 'step_cost_reason': value
+         for key, value in cost.items()},
+      **peaks.fractions(cost, synthetic_rate,
+                        hardware.gpu_name or hardware.detail,
+                        hardware.num_replicas, plan.precision.sixteen_bit),
       'train_synthetic_images_per_sec': synthetic_rate,
       'train_synthetic_input_wait_fraction': synthetic_wait,
       'train_real_images_per_sec': batch * spe * executions / seconds,

@@ -77,7 +77,30 @@ def table(result):
   if 'compile_s' in r:
     lines.append(f'compile (first call): {r["compile_s"]:.1f} s; input '
                  f'/ model ceiling: {r["input_headroom"]:.1f}x')
+  lines += _cost_lines(r)
   return '\n'.join(lines)
+
+
+def _cost_lines(r):
+  """The step's cost per image and how near the device's peaks the
+  synthetic rate comes."""
+  if 'flops_per_image' not in r:
+    return ([f'FLOPs per image: none ({r["step_cost_reason"]})']
+            if 'step_cost_reason' in r else [])
+  lines = [f'one training step per image (XLA cost analysis): '
+           f'{r["flops_per_image"] / 1e9:.3g} GFLOP, '
+           f'{r["bytes_per_image"] / 1e6:.4g} MB accessed; at the synthetic '
+           f'rate {r["achieved_flops_per_sec"] / 1e12:.3g} TFLOP/s, '
+           f'{r["achieved_bytes_per_sec"] / 1e9:.4g} GB/s']
+  if 'peak_source' in r:
+    lines.append(f'of the peak ({r["peak_source"]}, x{r["num_replicas"]}): '
+                 f'{r["fraction_of_peak_flops"]:.1%} of compute, '
+                 f'{r["fraction_of_peak_bandwidth"]:.1%} of memory '
+                 'bandwidth')
+  else:
+    lines.append(f'of the peak: no figure for {r["detail"]} '
+                 '(pipeline/reports/peaks.py)')
+  return lines
 
 
 def backends_table(result):
@@ -94,4 +117,6 @@ def backends_table(result):
                  f'{r["train_synthetic_images_per_sec"]:>16.1f} '
                  f'{r["train_real_images_per_sec"]:>11.1f} '
                  f'{r["compile_s"]:>10.1f}')
+  for name, r in result['backends']:
+    lines += [f'{name}: {line}' for line in _cost_lines(r)]
   return '\n'.join(lines)

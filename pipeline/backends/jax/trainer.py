@@ -55,6 +55,8 @@ class Trainer:
   slots: int = 1  # Steps one program call can run: steps_per_execution.
   frozen_steps: int = 0  # Fine-tuning: the first steps train the head alone,
   frozen_program: object = None  # in this program.
+  accumulation: int = 1  # Micro-batches per step.
+  last_inputs: tuple = None  # The last execution's (images, labels).
 
   # --- the Trainer interface (backends/interface.py) ---
 
@@ -99,6 +101,7 @@ class Trainer:
     wait_s = time.perf_counter() - start
     images, labels = self.strategy.stack(
         [batch[:2] for batch in batches], self.slots)
+    self.last_inputs = images, labels
     with self._errors_in_one_line():
       self.state, outputs = program(self.state, images, labels,
                                     np.int32(num_steps))
@@ -109,6 +112,20 @@ class Trainer:
             'skipped_records': sum(int(np.sum(batch[2])) for batch in batches
                                    if len(batch) > 2),
             'step_losses': np.asarray(outputs['step_losses'][:num_steps])}
+
+  def step_cost(self):
+    if self.last_inputs is None:
+      return {'reason': 'no training step has run'}
+    lowered = self.train_program.lower(self.state, *self.last_inputs,
+                                       np.int32(1))
+    # XLA counts a loop's body once: one step (of the execution's loop) of
+    # one micro-batch (of the accumulation's scan). Traced, the program
+    # holds the global batch; compiled, each device's share.
+    micro_batch = self.last_inputs[0].shape[1] // self.accumulation
+    per_device = micro_batch // self.strategy.num_replicas_in_sync
+    return {'flops': _cost(lowered.cost_analysis(), 'flops') / micro_batch,
+            'bytes': _cost(lowered.compile().cost_analysis(),
+                           'bytes accessed') / per_device}
 
   def evaluate(self, dataset, num_steps):
     """The interface's figures: the averaged weights' with a moving
@@ -206,6 +223,11 @@ class Trainer:
       if message:
         raise UserError(message) from None
       raise
+
+
+def _cost(analysis, key):
+  """A figure of XLA's cost analysis (a dict; a list of one in older JAX)."""
+  return float((analysis[0] if isinstance(analysis, list) else analysis)[key])
 
 
 class MovingAverage:
@@ -307,6 +329,7 @@ def build(config, plan):
       num_classes, config.label_offset,
       plan.out_of_memory_message(config), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
+      accumulation=config.gradient_accumulation_steps,
       frozen_steps=plan.frozen_steps,
       frozen_program=(programs.train_program(
           model, optimizer, config, num_classes, strategy, ema, frozen=True)

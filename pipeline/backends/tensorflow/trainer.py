@@ -47,6 +47,7 @@ class Trainer:
   frozen_steps: int = 0
   frozen_train_fn: object = None
   input_files: tuple = ()  # DALI's: named if it cannot decode a record.
+  cost: object = None  # () -> step_cost's dict.
 
   def trackables(self):
     """What a checkpoint of this run holds, by name."""
@@ -143,6 +144,9 @@ class Trainer:
       digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
     return digest.hexdigest()
 
+  def step_cost(self):
+    return self.cost()
+
   def _run(self, function, iterator, num_steps):
     try:
       with peers_lost_in_one_line():
@@ -205,4 +209,45 @@ def _build(config, plan):
                  frozen_train_fn=(train_function() if plan.frozen_steps
                                   else None),
                  input_files=(dali.input_files(config)
-                              if plan.input_pipeline == dali.DALI else ()))
+                              if plan.input_pipeline == dali.DALI else ()),
+                 cost=lambda: step_cost(config, plan))
+
+
+def step_cost(config, plan):
+  """The Trainer's step_cost: one replica's forward and backward pass (the
+  step's own gradient function) compiled by XLA alone, its HLO read by
+  jaxlib's cost analysis: TensorFlow has none in Python. On a model and
+  optimizer built again outside the strategy, whose variables live on one
+  device (the run's may be mirrored over several)."""
+  try:
+    import jax  # pylint: disable=g-import-not-at-top
+    from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+    from jaxlib import _hlo  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return {'reason': "XLA's cost analysis is read through jaxlib, which is "
+                      'not installed here (requirements-gpu.txt has it)'}
+  micro_batch = plan.per_replica_batch_size // config.gradient_accumulation_steps
+  model = models.model_of_run(config, plan)
+  optimizer = optimizers.optimizer_of_run(config, plan)
+  optimizer.build(model.trainable_variables)  # A loss scale's variables.
+  gradients = steps.gradient_function(
+      model, optimizer, plan.global_batch_size, plan.source.num_classes,
+      config.label_smoothing, l2_weight_decay=config.l2_weight_decay)
+  size = config.image_size
+  compiler_ir = tf.function(jit_compile=True)(
+      lambda images, labels: gradients(model.trainable_variables, images,
+                                       labels)).experimental_get_compiler_ir(
+          tf.zeros((micro_batch, size, size, 3), tf.uint8),
+          tf.zeros((micro_batch,), tf.int32))
+  cpu = jax.devices('cpu')[0].client
+
+  def cost(stage, key):
+    module = _hlo.hlo_module_from_text(compiler_ir(stage=stage))
+    return xla_client._xla.hlo_module_cost_analysis(cpu, module)[key]  # pylint: disable=protected-access
+
+  try:
+    return {'flops': cost('hlo', 'flops') / micro_batch,
+            'bytes': cost('optimized_hlo', 'bytes accessed') / micro_batch}
+  except (tf.errors.OpError, ValueError, RuntimeError) as e:
+    return {'reason': f'XLA could not compile the step alone here '
+                      f'({type(e).__name__}: {str(e).splitlines()[0]})'}
