@@ -431,3 +431,22 @@ def test_a_label_out_of_range_stops_jaxs_dali_batches_in_one_line(tmp_path):
       f'label 7 (after label_offset=0) in a record of {path} is outside '
       '[0, 4)')):
     next(iter(batches))
+
+
+@needs_dali
+@pytest.mark.parametrize('augment', ['translate_flip', 'inception_randaugment'])
+def test_every_augmentation_runs_on_dali(augment, tmp_path):
+  path = _write(tmp_path / 'train-0', _digits(8), range(8))
+  images, labels = _run(_input([path], True, 8, 32, 8,
+                               augment=augment).pipeline(0, 1, None), 2)
+  assert images.shape == (16, 32, 32, 3) and images.dtype == np.uint8
+  assert set(labels) <= set(range(8))
+
+
+@needs_dali
+def test_label_offset_is_taken_off_as_tf_data_does(tmp_path):
+  path = _write(tmp_path / 'eval-0', _digits(6), range(1, 7))  # ImageNet's.
+  source = _input([path], False, 6, 16, 6)
+  source = source.__class__(**dict(source.__dict__, label_offset=1))
+  _, labels = _run(source.pipeline(0, 1, None), 1)
+  np.testing.assert_array_equal(labels, np.arange(6))
