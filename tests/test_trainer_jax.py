@@ -244,3 +244,24 @@ def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   thawed_values, _ = values(state)
   assert not any(np.array_equal(was, now)
                  for was, now in zip(after, thawed_values))
+
+
+def test_step_cost_is_one_step_per_image_whatever_the_slots_and_micro_batches():
+  costs = []
+  for accumulation in (1, 2):
+    model, optimizer, strategy, _, state = _setup()
+    program = programs.train_program(model, optimizer, _config(accumulation),
+                                     CLASSES, strategy, None)
+    images, labels = strategy.to_devices(list(_batches(4)), stacked=True)
+    trainer = trainer_jax.Trainer(
+        model, optimizer, strategy, state, program, None, CLASSES, 0, '',
+        slots=4, accumulation=accumulation, last_inputs=tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+            for a in (images, labels)))
+    costs.append(trainer.step_cost())
+  # The Dense layer's product forward and its two backward: 3 x 2 x 4 x 3
+  # per image at least, plus the softmax and the update; 4 slots or 2
+  # micro-batches counted as one step would be 4x or 2x off.
+  assert 72 <= costs[0]['flops'] < 300, costs
+  assert costs[1]['flops'] == pytest.approx(costs[0]['flops'], rel=0.2)
+  assert costs[0]['bytes'] > 0

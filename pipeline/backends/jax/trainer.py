@@ -56,7 +56,7 @@ class Trainer:
   frozen_steps: int = 0  # Fine-tuning: the first steps train the head alone,
   frozen_program: object = None  # in this program.
   accumulation: int = 1  # Micro-batches per step.
-  last_inputs: tuple = None  # The last execution's (images, labels).
+  last_inputs: tuple = None  # The last execution's (images, labels) shapes.
 
   # --- the Trainer interface (backends/interface.py) ---
 
@@ -101,7 +101,10 @@ class Trainer:
     wait_s = time.perf_counter() - start
     images, labels = self.strategy.stack(
         [batch[:2] for batch in batches], self.slots)
-    self.last_inputs = images, labels
+    # Their shapes only, for step_cost: not the arrays' device memory.
+    self.last_inputs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                  sharding=a.sharding)
+                             for a in (images, labels))
     with self._errors_in_one_line():
       self.state, outputs = program(self.state, images, labels,
                                     np.int32(num_steps))
