@@ -230,12 +230,13 @@ def _windows(crops):
 
 @needs_dali
 def test_dalis_inception_crops_have_the_statistics_of_tf_datas(tmp_path):
-  draws, image = 1024, _gradient()
+  draws, image = 2048, _gradient()
   path = _write(tmp_path / 'train-0', [image] * 8, [0] * 8)
   crops, _ = _run(_input([path], True, 64, 48, 1,
                          augment='inception').pipeline(0, 1, None),
                   draws // 64)
   encoded = tf.constant(_png(image))
+  tf.random.set_seed(0)  # Both draws seeded (DALI's by _input): repeatable.
   theirs = np.stack([decode.decode_window(encoded, decode.random_window,
                                           decode.square(48)).numpy()
                      for _ in range(draws)])
@@ -244,13 +245,14 @@ def test_dalis_inception_crops_have_the_statistics_of_tf_datas(tmp_path):
   # The same ranges: area 8-100% (tf.data also rejects boxes under 10%:
   # min_object_covered=0.1), aspect 3/4-4/3, 10 attempts. Not the same
   # sampling: tf.data draws the crop's height uniformly, DALI its area (as
-  # torchvision does), so DALI's crops are a little larger. Measured over
-  # 2,048 draws each: mean area 0.46 against 0.42, quartiles 0.27/0.46/
-  # 0.65 against 0.22/0.40/0.61; aspect means 1.02 and 1.04.
+  # torchvision does), so DALI's crops are larger by 0.04-0.10 of the image
+  # at each quartile. Here (2,048 draws each, seeded): mean area 0.46
+  # against 0.40, quartiles 0.27/0.46/0.65 against 0.21/0.37/0.57; aspect
+  # means 1.02 and 1.04. Unseeded, tf.data's mean ran 0.40-0.42.
   assert area.min() > 0.07 and area.max() <= 1.0
-  assert 0 < area.mean() - their_area.mean() < 0.07
+  assert 0 < area.mean() - their_area.mean() < 0.08
   for q in (0.25, 0.5, 0.75):
-    assert abs(np.quantile(area, q) - np.quantile(their_area, q)) < 0.1, q
+    assert 0 < np.quantile(area, q) - np.quantile(their_area, q) < 0.12, q
   assert 0.7 < aspect.min() and aspect.max() < 1.4
   assert 0.7 < their_aspect.min() and their_aspect.max() < 1.4
   assert abs(aspect.mean() - their_aspect.mean()) < 0.06
@@ -327,7 +329,10 @@ def test_a_record_dali_cannot_decode_stops_the_run_naming_it(digits_dir,
       '--config.dataset=tfrecord', f'--config.train_files={damaged}/train-*',
       f'--config.eval_files={digits_dir}/eval-*', '--config.num_classes=10',
       '--config.input_pipeline=dali', '--config.epochs=1',
-      '--config.global_batch_size=16', env=_TENSORFLOW)
+      # Read in order: the damaged record is in the first batch (shuffled,
+      # it could wait in the buffer past the run's last step).
+      '--config.shuffle_buffer=1', '--config.global_batch_size=16',
+      env=_TENSORFLOW)
   error = _one_error_line(result)
   assert error.startswith(
       f'error: DALI cannot decode record 2 of {damaged}/train-0 (')
