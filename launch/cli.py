@@ -144,6 +144,11 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
     'Split the host CPU into this many logical devices '
     '(a MirroredStrategy over them) to run multi-replica code without '
     'accelerators.')
+SPLIT_GPUS = flags.DEFINE_integer(
+    'split_gpus', request_lib.Request.split_gpus,
+    'Split each GPU into this many logical GPUs, each with an equal share of '
+    'its memory, so MirroredStrategy runs that many replicas on one card: '
+    'multi-GPU code measured on one GPU (TensorFlow only).')
 WORKDIR_LEASE_S = flags.DEFINE_float(
     'workdir_lease_s', request_lib.Request.workdir_lease_s,
     'A gs:// workdir is held by a lease its run renews; one not renewed for '
@@ -154,7 +159,7 @@ ALLOW_CPU = flags.DEFINE_bool(
 # What launch.compare passes on to every run it starts.
 HARDWARE_FLAGS = (BACKEND, TPU, TPU_ZONE, GCP_PROJECT, TPU_RUNTIME_VERSION, GPUS,
                   XLA, COLLECTIVE, COLLECTIVE_TIMEOUT_S, STAGING_DIR,
-                  NUM_CPU_DEVICES, ALLOW_CPU, WORKDIR_LEASE_S)
+                  NUM_CPU_DEVICES, SPLIT_GPUS, ALLOW_CPU, WORKDIR_LEASE_S)
 
 
 def define_policy_list(name, default, help_text, required=True,
@@ -209,7 +214,8 @@ def request(config, workdir_default=True):
       xla=XLA.value, tpu=TPU.value, tpu_zone=TPU_ZONE.value,
       gcp_project=GCP_PROJECT.value,
       tpu_runtime_version=TPU_RUNTIME_VERSION.value, gpus=GPUS.value,
-      num_cpu_devices=NUM_CPU_DEVICES.value, collective=COLLECTIVE.value,
+      num_cpu_devices=NUM_CPU_DEVICES.value, split_gpus=SPLIT_GPUS.value,
+      collective=COLLECTIVE.value,
       collective_timeout_s=COLLECTIVE_TIMEOUT_S.value,
       allow_cpu=ALLOW_CPU.value, workdir_lease_s=WORKDIR_LEASE_S.value)
 

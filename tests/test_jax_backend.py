@@ -242,6 +242,8 @@ def test_float16_trains_with_dynamic_loss_scaling_over_two_devices(
     (['--gpus=3'], "--gpus=3: '3' is not a visible GPU; visible GPUs: none"),
     (['--collective=ring'], "--collective=ring picks TensorFlow's "
      'all-reduce; on the JAX backend XLA chooses the collectives'),
+    (['--split_gpus=2'], "--split_gpus=2 makes logical GPUs for "
+     "TensorFlow's MirroredStrategy; JAX runs one replica per GPU"),
     (['--tpu_runtime_version=2.12.0'], '--tpu_runtime_version=2.12.0 applies '
      'to TPU Nodes, which TensorFlow drives'),
     (['TF_CONFIG'], 'TF_CONFIG joins TensorFlow workers; on the JAX backend '

@@ -213,12 +213,14 @@ def test_rewrite_refuses_tpu_and_xla():
 @pytest.mark.parametrize('backend, kind, replicas, expected, says', [
     ('tensorflow', 'TPU', 8, True, 'TPU programs are always compiled'),
     ('tensorflow', 'GPU', 1, True, 'single GPU: fused kernels help'),
-    # Never measured on GPUs (no GPU lent): the rule measured on 2 logical
-    # CPU devices, and reported upstream, stands for MirroredStrategy.
-    ('tensorflow', 'GPU', 2, False, 'fails under Mirrored strategies'),
-    ('tensorflow', 'GPU', 8, False, 'fails under Mirrored strategies'),
+    # XLA trains under MirroredStrategy (tests/test_steps.py) but was never
+    # measured on GPUs: off until the user's sweep says (the test below).
+    ('tensorflow', 'GPU', 2, False, '2 GPU replicas: not measured with XLA '
+     'on this GPU; launch.benchmark --policies=mixed_bfloat16 --save_policy '
+     '(--split_gpus=2 on one GPU) measures both and auto follows'),
+    ('tensorflow', 'GPU', 8, False, '8 GPU replicas: not measured'),
     ('tensorflow', 'CPU', 1, False, 'CPU: XLA measured 8x slower'),
-    ('tensorflow', 'CPU', 2, False, 'fails under Mirrored strategies'),
+    ('tensorflow', 'CPU', 2, False, 'CPU: XLA measured 8x slower'),
     ('jax', 'TPU', 8, True, 'JAX compiles every program with XLA'),
     ('jax', 'GPU', 2, True, 'JAX compiles every program with XLA'),
     ('jax', 'CPU', 1, True, 'JAX compiles every program with XLA'),
@@ -231,11 +233,12 @@ def test_xla_auto_for_every_device_kind_and_replica_count(
   assert on is expected and says in reason
 
 
-def _stand_in(device_kind, capability=None, replicas=1):
+def _stand_in(device_kind, capability=None, replicas=1, gpu_name=None):
   """The Hardware of a device that cannot exist here (a GPU, a TPU): only
   what the plan's rules read."""
   return types.SimpleNamespace(device_kind=device_kind, num_replicas=replicas,
-                               gpu_compute_capability=capability)
+                               gpu_compute_capability=capability,
+                               gpu_name=gpu_name)
 
 
 # (GPU, compute capability, TensorFlow, cuDNN, the user's environment) -> the
@@ -361,6 +364,49 @@ def test_a_saved_sweep_for_this_gpu_and_software_wins_over_the_rule(
   assert plan._measured(request, a100, backends.load('tensorflow')) is None
   assert saved_policy.load(H100, software + '-cudnn-9.30.0.1') is None
   assert plan._measured(request, h100, backends.load('jax')) is None
+
+
+def _mirrored_h100_sweep(on, off, replicas=2):
+  """A sweep over `replicas` replicas of H100s: mixed_bfloat16 with XLA
+  `on` and `off` img/s."""
+  sweep = _h100_sweep()
+  rows = [{'policy': 'mixed_bfloat16', 'xla': 'on', 'images_per_sec': on},
+          {'policy': 'mixed_bfloat16', 'xla': 'off', 'images_per_sec': off}]
+  return dict(sweep, rows=rows, fastest=max(
+      rows, key=lambda r: r['images_per_sec']), replicas=replicas)
+
+
+@pytest.mark.parametrize('on, off, replicas, expected', [
+    (11000.0, 9000.0, 2, True), (8000.0, 9000.0, 2, False),
+    (11000.0, 9000.0, 1, False),  # One replica says nothing of Mirrored.
+])
+def test_a_sweep_over_replicas_decides_xla_under_mirrored_on_that_gpu(
+    on, off, replicas, expected, tmp_path, monkeypatch):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  software = backends.load('tensorflow').software()
+  path = saved_policy.save(_mirrored_h100_sweep(on, off, replicas), H100,
+                           software)
+  four_h100s = _stand_in('GPU', (9, 0), 4, H100)
+  xla_on, reason = tf_xla.choose_xla('auto', four_h100s, 'mixed_bfloat16',
+                                     tensorflow_version='2.21.0')
+  assert xla_on is expected
+  if replicas > 1:
+    assert reason == (
+        'your sweep saved for this GPU and software over 2 replicas '
+        f'(mixed_bfloat16): XLA on {on:,.0f} img/s, off {off:,.0f} ({path})')
+  else:
+    assert 'not measured with XLA on this GPU' in reason
+  # A policy not swept, another GPU, an explicit setting, one GPU: no record.
+  assert 'not measured' in tf_xla.choose_xla(
+      'auto', four_h100s, 'mixed_float16', tensorflow_version='2.21.0')[1]
+  a100s = _stand_in('GPU', (8, 0), 4, 'NVIDIA A100-SXM4-40GB')
+  assert 'not measured' in tf_xla.choose_xla(
+      'auto', a100s, 'mixed_bfloat16', tensorflow_version='2.21.0')[1]
+  assert tf_xla.choose_xla('off', four_h100s, 'mixed_bfloat16') == (
+      False, 'asked for with --xla=off')
+  assert tf_xla.choose_xla('auto', _stand_in('GPU', (9, 0), 1, H100),
+                           'mixed_bfloat16', tensorflow_version='2.21.0') == (
+      True, 'single GPU: fused kernels help')
 
 
 def test_a_damaged_saved_sweep_falls_back_to_the_rule(tmp_path, monkeypatch,

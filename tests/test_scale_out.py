@@ -148,6 +148,23 @@ def test_gpus_that_tensorflow_cannot_see_stop_the_run(tmp_path, monkeypatch):
   assert tf_devices.resolve(allow_cpu=True).device_kind == 'CPU'
 
 
+def test_split_gpus_reads_their_memory_and_needs_gpus(tmp_path, monkeypatch):
+  """--split_gpus=N shares each GPU's memory (nvidia-smi's figure, a
+  stand-in here) among N logical GPUs; TensorFlow sees no GPU here, so the
+  split itself stops in one line."""
+  monkeypatch.setenv('PATH', _stand_in_nvidia_smi(tmp_path / 'bin',
+                                                  '81559\\n81559\\n'))
+  assert hardware.gpu_memory_mib() == [81559, 81559]
+  assert tf_devices.split_gpus(1) is None  # Nothing to split.
+  with pytest.raises(UserError, match=r'--split_gpus=2 splits GPUs; '
+                     'TensorFlow sees none here'):
+    tf_devices.split_gpus(2)
+  with pytest.raises(UserError, match=r'--split_gpus=0 must be 1 or more'):
+    tf_devices.split_gpus(0)
+  monkeypatch.setenv('PATH', str(tmp_path / 'none'))
+  assert hardware.gpu_memory_mib() == []
+
+
 def test_no_nvidia_gpus_no_check(tmp_path, monkeypatch):
   """nvidia-smi lists nothing and no device file: the CPU, no check. The
   device file alone (a driver without nvidia-smi on PATH) counts one GPU."""

@@ -49,10 +49,14 @@ def mirrored():
   return strategy
 
 
-@pytest.mark.parametrize('policy, seed', [
-    ('float32', 0), ('mixed_bfloat16', 0),
-    ('mixed_float16', 0)])
-def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy, seed):
+# With XLA each replica's forward and backward compile, and the sum and the
+# update (a loss-scale skip too) run after them (steps.replica_train_step).
+@pytest.mark.parametrize('policy, seed, xla', [
+    ('float32', 0, False), ('mixed_bfloat16', 0, False),
+    ('mixed_float16', 0, False), ('float32', 0, True),
+    ('mixed_float16', 0, True)])
+def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy, seed,
+                                                     xla):
   keras.mixed_precision.set_global_policy(policy)
   keras.utils.set_random_seed(seed)
   try:
@@ -63,8 +67,7 @@ def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy, seed):
       step = tf.Variable(0, dtype=tf.int64, trainable=False,
                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     train = steps.make_train_function(model, optimizer, mirrored, GLOBAL_BATCH,
-                                      NUM_CLASSES, 0.0, step,
-                                      jit_compile=False)
+                                      NUM_CLASSES, 0.0, step, jit_compile=xla)
     iterator = iter(mirrored.distribute_datasets_from_function(_dataset))
     kernel_before = model.layers[2].kernel.numpy().copy()
     losses = []
@@ -177,8 +180,10 @@ def test_eval_counts_top_five_hits(mirrored):
   assert float(result['top5_accuracy']) == pytest.approx(2 / 3)
 
 
-def test_gradients_are_summed_once_across_replicas(mirrored):
-  """One SGD step over 2 replicas moves the weights as one over the batch.
+@pytest.mark.parametrize('xla', [False, True])
+def test_gradients_are_summed_once_across_replicas(mirrored, xla):
+  """One SGD step over 2 replicas moves the weights as one over the batch
+  (without XLA), whether or not XLA compiles each replica's gradients.
 
   The replica step sums gradients itself and the optimizer must not sum them
   again (that would double the step). No batch norm: its per-replica batch
@@ -188,7 +193,7 @@ def test_gradients_are_summed_once_across_replicas(mirrored):
       (GLOBAL_BATCH, 8, 8, 3)).astype(np.uint8)
   labels = np.arange(GLOBAL_BATCH).astype(np.int32) % NUM_CLASSES
 
-  def one_step(strategy):
+  def one_step(strategy, jit_compile=False):
     keras.utils.set_random_seed(1)
     with strategy.scope():
       inputs = keras.Input((8, 8, 3), dtype='uint8')
@@ -200,7 +205,7 @@ def test_gradients_are_summed_once_across_replicas(mirrored):
                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     train = steps.make_train_function(model, optimizer, strategy,
                                       GLOBAL_BATCH, NUM_CLASSES, 0.0, step,
-                                      jit_compile=False)
+                                      jit_compile=jit_compile)
 
     def dataset(input_context):
       return tf.data.Dataset.from_tensor_slices((images, labels)).batch(
@@ -213,7 +218,7 @@ def test_gradients_are_summed_once_across_replicas(mirrored):
 
   single = one_step(tf.distribute.get_strategy())
   assert np.abs(single).max() > 1e-3  # The step moved the weights.
-  np.testing.assert_allclose(one_step(mirrored), single, rtol=1e-4,
+  np.testing.assert_allclose(one_step(mirrored, xla), single, rtol=1e-4,
                              atol=1e-6)
 
 

@@ -274,9 +274,6 @@ def xla_settings(hardware):
   """(--xla value, why it is skipped or None) worth trying on `hardware`."""
   if hardware.device_kind == 'TPU':
     return [('on', None)]  # A TPU runs nothing but XLA programs.
-  if hardware.num_replicas > 1:
-    return [('off', None), ('on', 'XLA fails under Mirrored strategies in '
-                            'Keras 3 (keras#21366, keras#18666)')]
   return [('off', None), ('on', None)]
 
 
@@ -317,7 +314,8 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
   return {
       'device_kind': hardware.device_kind, 'detail': hardware.detail,
       'gpu_name': hardware.gpu_name, 'time': time.strftime('%Y-%m-%d %H:%M'),
-      'strategy': hardware.strategy_name, 'model': config.model,
+      'strategy': hardware.strategy_name,
+      'replicas': hardware.num_replicas, 'model': config.model,
       'image_size': config.image_size,
       'global_batch_size': config.global_batch_size, 'rows': rows,
       'fastest': fastest,

@@ -67,6 +67,19 @@ def nvidia_gpus():
   return int(os.path.exists(NVIDIA_DEVICE_FILE))
 
 
+def gpu_memory_mib():
+  """Each GPU's memory in MiB as the NVIDIA driver lists it (nvidia-smi),
+  in index order; [] where nvidia-smi is missing or fails."""
+  try:
+    listing = subprocess.run(
+        ['nvidia-smi', '--query-gpu=memory.total',
+         '--format=csv,noheader,nounits'], capture_output=True, text=True,
+        timeout=30, check=False).stdout
+    return [int(line) for line in listing.split()]
+  except (OSError, subprocess.SubprocessError, ValueError):
+    return []
+
+
 def check_no_unusable_gpus(framework, cause, install):
   """A UserError if the machine has NVIDIA GPUs that `framework` (e.g.
   'TensorFlow 2.21.0') cannot see, for `cause`, fixed by `install`: training

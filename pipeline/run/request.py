@@ -17,6 +17,7 @@ class Request:
   tpu_runtime_version: str = ''
   gpus: str = ''
   num_cpu_devices: int = 1
+  split_gpus: int = 1  # Logical GPUs per GPU (TensorFlow).
   collective: str = 'auto'
   collective_timeout_s: float = 300.0  # Bounds every collective.
   allow_cpu: bool = False  # Train on the CPU beside unusable NVIDIA GPUs.

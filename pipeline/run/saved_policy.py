@@ -7,6 +7,10 @@ by the GPU model and the software (TensorFlow and cuDNN versions); `auto`
 then takes it on the same GPU and software, and the plan line says so with
 the figures. Another GPU model or software ignores it: the figures would not
 hold there.
+
+A sweep over several replicas (several GPUs, or one split with
+--split_gpus) also decides `--xla=auto` under MirroredStrategy on that GPU
+model (load_xla): XLA there was never measured by this project.
 """
 
 from absl import logging
@@ -31,8 +35,15 @@ def save(sweep, gpu_name, software):
     if 'images_per_sec' in row and row['policy'] != fastest['policy']:
       others[row['policy']] = max(others.get(row['policy'], 0),
                                   row['images_per_sec'])
+  xla_rates = {}
+  for row in sweep['rows']:
+    if 'images_per_sec' in row:
+      xla_rates.setdefault(row['policy'], {})[row['xla']] = (
+          row['images_per_sec'])
   record = {'policy': fastest['policy'],
             'images_per_sec': fastest['images_per_sec'], 'others': others,
+            'xla_images_per_sec': xla_rates,
+            'replicas': sweep.get('replicas', 1),
             'gpu': gpu_name, 'software': software,
             'model': sweep['model'], 'image_size': sweep['image_size'],
             'global_batch_size': sweep['global_batch_size'],
@@ -98,3 +109,27 @@ def load(gpu_name, software):
       + (f' against {others}' if others else '')
       + f' ({record.get("model")} {record.get("image_size")} px, batch '
       f'{record.get("global_batch_size")}; {source})')
+
+
+def load_xla(gpu_name, software, policy):
+  """(XLA on?, reason) from a sweep saved for this GPU and software over
+  several replicas that ran `policy` with XLA on and off; None without one
+  (an unreadable record: load's warning)."""
+  source = path(gpu_name, software)
+  try:
+    record = user_cache.read_json(source)
+    if record is None or int(record.get('replicas', 1)) < 2:
+      return None
+    rates = record.get('xla_images_per_sec', {}).get(policy, {})
+    on, off = float(rates['on']), float(rates['off'])
+  except KeyError:  # This policy not swept both ways.
+    return None
+  except (OSError, ValueError, TypeError, AttributeError) as e:
+    logging.warning('saved policy %s is unreadable (%s); using the rule; '
+                    'launch.benchmark --policies=... --save_policy writes it '
+                    'again', source, e)
+    return None
+  return on > off, (
+      f'your sweep saved for this GPU and software over '
+      f'{record["replicas"]} replicas ({policy}): XLA on {on:,.0f} img/s, '
+      f'off {off:,.0f} ({source})')

@@ -143,6 +143,10 @@ def unsupported_settings(request, environ=os.environ):
     return ('--collective_timeout_s bounds TensorFlow\'s collectives; on the '
             'JAX backend JAX_INITIALIZATION_TIMEOUT_S bounds joining the '
             'hosts: leave it out, or pass --backend=tensorflow')
+  if request.split_gpus != defaults.split_gpus:
+    return (f'--split_gpus={request.split_gpus} makes logical GPUs for '
+            "TensorFlow's MirroredStrategy; JAX runs one replica per GPU: "
+            'leave it out, or pass --backend=tensorflow')
   for name in ('tpu_runtime_version', 'tpu_zone', 'gcp_project'):
     if getattr(request, name):
       return (f'--{name}={getattr(request, name)} applies to TPU Nodes, which '

@@ -38,7 +38,7 @@ class TensorFlowBackend:
         request.tpu, request.tpu_zone, request.gcp_project,
         request.num_cpu_devices, request.collective,
         request.collective_timeout_s, request.gpus,
-        request.tpu_runtime_version, request.allow_cpu)
+        request.tpu_runtime_version, request.allow_cpu, request.split_gpus)
 
   def policy(self, requested, policy, reason):
     del requested  # TensorFlow runs every policy the rule picks.

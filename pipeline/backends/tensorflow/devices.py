@@ -49,6 +49,37 @@ def split_cpu(num_cpu_devices):
     raise UserError(f'cannot split the CPU after TensorFlow started: {e}')
 
 
+# What a logical GPU leaves of its share for the CUDA context and cuDNN's
+# workspaces, which TensorFlow's memory limit does not count.
+SPLIT_GPU_RESERVE = 0.9
+
+
+def split_gpus(count, memory_mib=None):
+  """Splits each visible GPU into `count` logical GPUs with an equal share
+  of the smallest GPU's memory (`memory_mib`: nvidia-smi's figures unless
+  given); before TensorFlow initialises them."""
+  if count < 1:
+    raise UserError(f'--split_gpus={count} must be 1 or more')
+  if count == 1:
+    return
+  visible = tf.config.get_visible_devices('GPU')
+  if not visible:
+    raise UserError(f'--split_gpus={count} splits GPUs; TensorFlow sees '
+                    'none here (--num_cpu_devices splits the CPU)')
+  memory = hardware_lib.gpu_memory_mib() if memory_mib is None else memory_mib
+  if not memory:
+    raise UserError(f'--split_gpus={count}: nvidia-smi did not list the '
+                    "GPUs' memory, which each logical GPU takes a share of")
+  share = int(min(memory) * SPLIT_GPU_RESERVE / count)
+  try:
+    for gpu in visible:
+      tf.config.set_logical_device_configuration(
+          gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=share)] *
+          count)
+  except RuntimeError as e:  # TF already initialised its devices.
+    raise UserError(f'cannot split the GPUs after TensorFlow started: {e}')
+
+
 COLLECTIVES = {
     'auto': tf.distribute.experimental.CommunicationImplementation.AUTO,
     'ring': tf.distribute.experimental.CommunicationImplementation.RING,
@@ -58,20 +89,22 @@ COLLECTIVES = {
 
 def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
             collective='auto', collective_timeout_s=None, gpus='',
-            tpu_runtime_version='', allow_cpu=False):
+            tpu_runtime_version='', allow_cpu=False, split_gpus_into=1):
   """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU.
 
   Stops in one line where NVIDIA GPUs are present but TensorFlow sees none,
   unless `allow_cpu`: training on the CPU there is never what was meant.
   """
   found = _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
-                collective_timeout_s, gpus, tpu_runtime_version, allow_cpu)
+                collective_timeout_s, gpus, tpu_runtime_version, allow_cpu,
+                split_gpus_into)
   return dataclasses.replace(found,
                              strategy_name=strategy_name(found.strategy))
 
 
 def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
-          collective_timeout_s, gpus, tpu_runtime_version, allow_cpu):
+          collective_timeout_s, gpus, tpu_runtime_version, allow_cpu,
+          split_gpus_into):
   if os.environ.get('JAX_COORDINATOR_ADDRESS'):
     raise UserError('JAX_COORDINATOR_ADDRESS joins hosts on the JAX backend; '
                     'TensorFlow workers join through TF_CONFIG: pass '
@@ -85,12 +118,13 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
     raise UserError(f'--tpu_runtime_version={tpu_runtime_version} needs a TPU '
                     'Node: pass --tpu=NAME or --tpu=grpc://HOST:PORT')
   _limit_visible_gpus(gpus)
+  split_gpus(split_gpus_into)
   if os.environ.get('TF_CONFIG'):
     return _multi_worker(collective, collective_timeout_s)
   split_cpu(num_cpu_devices)
   visible_gpus = tf.config.list_logical_devices('GPU')
   if visible_gpus:
-    return _gpus(visible_gpus)
+    return _gpus(visible_gpus, split_gpus_into)
   if not allow_cpu:
     _check_no_unusable_gpus()
   cpus = tf.config.list_logical_devices('CPU')
@@ -113,7 +147,7 @@ def _limit_visible_gpus(spec):
                     f'{e}') from None
 
 
-def _gpus(gpus):
+def _gpus(gpus, split=1):
   details = tf.config.experimental.get_device_details(
       tf.config.get_visible_devices('GPU')[0])
   capability = details.get('compute_capability')
@@ -122,8 +156,10 @@ def _gpus(gpus):
     strategy = tf.distribute.get_strategy()
   else:
     strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+  detail = (f'{len(gpus)} x {name}' if split == 1 else
+            f'{len(gpus)} logical GPUs, {split} per {name}')
   return Hardware(strategy, 'GPU', gpu_compute_capability=capability,
-                  gpu_name=name, detail=f'{len(gpus)} x {name}')
+                  gpu_name=name, detail=detail)
 
 
 def parse_tf_config(text):

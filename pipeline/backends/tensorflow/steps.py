@@ -10,6 +10,8 @@ tf.function runs `steps_per_execution` steps in a `tf.range` loop, each step
 per execution, not once per step (what TPUs and fast GPUs need).
 """
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -73,22 +75,33 @@ def gradient_function(model, optimizer, global_batch_size, num_classes,
 
 def replica_train_step(model, optimizer, global_batch_size, num_classes,
                        label_smoothing, jit_compile=False, ema=None,
-                       **gradient_options):
+                       replicas=1, **gradient_options):
   """One replica's update on its batch: forward, backward, gradients summed
   across replicas, update, moving average. Returns (loss, correct
   predictions). `gradient_options`: gradient_function's keyword arguments.
   The optimizer must take summed gradients (make_train_function sees to it).
+
+  `jit_compile` (not on TPUs, which compile the whole step anyway): XLA
+  compiles the step of one replica whole. With `replicas` > 1 it compiles
+  forward and backward alone: a compiled function can hold neither the
+  cross-replica sum (a merge_call) nor, over MirroredStrategy, the update
+  ("Trying to access resource .../replica_1 located in device CPU:1 from
+  device CPU:0", measured; tensorflow#45940), so those run as TensorFlow
+  ops after it.
   """
   gradients = gradient_function(model, optimizer, global_batch_size,
                                 num_classes, label_smoothing,
                                 **gradient_options)
+  compile_gradients = jit_compile and replicas > 1
 
-  # TPUs compile the whole step anyway; elsewhere XLA is opt-in per step.
-  @tf.function(jit_compile=jit_compile or None)
+  @tf.function(jit_compile=(jit_compile and not compile_gradients) or None)
   def replica_step(images, labels):
     # Read when traced: a frozen backbone's weights are not among them.
     variables = model.trainable_variables
-    grads, loss, correct = gradients(variables, images, labels)
+    compute = functools.partial(gradients, variables)
+    if compile_gradients:
+      compute = tf.function(compute, jit_compile=True)
+    grads, loss, correct = compute(images, labels)
     # Summed here, not inside optimizer.apply: LossScaleOptimizer decides to
     # skip a step from the gradients it is given, before its inner optimizer
     # would sum them, so each replica must already hold the sum (else one
@@ -143,9 +156,9 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
   so their difference is the number of skipped steps.
   """
   optimizers.take_summed_gradients(optimizer)
-  replica_step = replica_train_step(model, optimizer, global_batch_size,
-                                    num_classes, label_smoothing, jit_compile,
-                                    **recipe)
+  replica_step = replica_train_step(
+      model, optimizer, global_batch_size, num_classes, label_smoothing,
+      jit_compile, replicas=strategy.num_replicas_in_sync, **recipe)
   average_batch_norm_statistics = batch_norm_averager(model,
                                                       recipe.get('ema'))
 

@@ -5,20 +5,21 @@ from absl import logging
 from pipeline import backends
 from pipeline.backends.tensorflow import devices
 from pipeline.run import precision
-
+from pipeline.run import saved_policy
 
 
 def choose_xla(requested, hardware, policy=None, tensorflow_version=None,
-               cudnn_version=None):
+               cudnn_version=None, saved=None):
   """Returns (on, reason) for --xla=auto|on|off on this hardware, warning
   where the cuDNN installed fails XLA's convolutions (`tensorflow_version`,
-  `cudnn_version`: the installed ones unless given, for tests)."""
-  on, reason = _choose(requested, hardware, policy, tensorflow_version)
+  `cudnn_version`: the installed ones unless given; `saved`: the user's
+  sweep, saved_policy.load_xla's result, loaded unless given; for tests)."""
+  on, reason = _choose(requested, hardware, policy, tensorflow_version, saved)
   check_cudnn(on, hardware, cudnn_version)
   return on, reason
 
 
-def _choose(requested, hardware, policy, tensorflow_version):
+def _choose(requested, hardware, policy, tensorflow_version, saved):
   ruled = precision.xla_rule(policy, requested, hardware.device_kind)
   if ruled:
     return ruled
@@ -28,16 +29,25 @@ def _choose(requested, hardware, policy, tensorflow_version):
     return True, 'asked for with --xla=on'
   if requested == 'off':
     return False, 'asked for with --xla=off'
-  if hardware.num_replicas > 1:
-    return False, ('fails under Mirrored strategies in Keras 3 (keras#21366, '
-                   'keras#18666)')
+  if hardware.device_kind != 'GPU':
+    return False, ('CPU: XLA measured 8x slower than TF kernels here '
+                   '(BUILD_NOTES.md)')
   blackwell = _blackwell_on_tf_2_21(hardware, tensorflow_version)
   if blackwell:
     return False, blackwell
-  if hardware.device_kind == 'GPU':
+  if hardware.num_replicas == 1:
     return True, 'single GPU: fused kernels help'
-  return False, ('CPU: XLA measured 8x slower than TF kernels here '
-                 '(BUILD_NOTES.md)')
+  if saved is None and hardware.gpu_name:
+    saved = saved_policy.load_xla(
+        hardware.gpu_name, backends.load('tensorflow').software(), policy)
+  if saved:
+    return saved
+  # Each replica's forward and backward compile (steps.py); it trains over
+  # 2 logical CPUs, but no GPU has measured it against TF's kernels yet.
+  return False, (f'{hardware.num_replicas} GPU replicas: not measured with '
+                 'XLA on this GPU; launch.benchmark --policies='
+                 f'{policy or "POLICY"} --save_policy (--split_gpus=2 on one '
+                 'GPU) measures both and auto follows')
 
 
 def _blackwell_on_tf_2_21(hardware, tensorflow_version=None):
