@@ -11,6 +11,11 @@
   # First run on new hardware: which policy and XLA setting is fastest here.
   python -m launch.benchmark --policies=float32,mixed_float16,mixed_bfloat16
 
+  # XLA under MirroredStrategy, on one GPU split in two; --xla=auto on
+  # several GPUs of this model then follows it.
+  python -m launch.benchmark --policies=mixed_bfloat16 --split_gpus=2 \
+      --save_policy
+
   # The same model on each Keras backend, side by side (JAX environment).
   python -m launch.benchmark --backends=tensorflow,jax --num_executions=3
 

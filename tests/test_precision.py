@@ -391,9 +391,12 @@ def test_a_sweep_over_replicas_decides_xla_under_mirrored_on_that_gpu(
                                      tensorflow_version='2.21.0')
   assert xla_on is expected
   if replicas > 1:
-    assert reason == (
+    assert reason.startswith(
         'your sweep saved for this GPU and software over 2 replicas '
         f'(mixed_bfloat16): XLA on {on:,.0f} img/s, off {off:,.0f} ({path})')
+    assert reason.endswith("; it compiles each replica's forward and "
+                           'backward, the sum and update run after (steps.py)'
+                           if xla_on else f'({path})')
   else:
     assert 'not measured with XLA on this GPU' in reason
   # A policy not swept, another GPU, an explicit setting, one GPU: no record.

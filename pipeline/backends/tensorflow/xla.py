@@ -16,6 +16,9 @@ def choose_xla(requested, hardware, policy=None, tensorflow_version=None,
   sweep, saved_policy.load_xla's result, loaded unless given; for tests)."""
   on, reason = _choose(requested, hardware, policy, tensorflow_version, saved)
   check_cudnn(on, hardware, cudnn_version)
+  if on and hardware.device_kind != 'TPU' and hardware.num_replicas > 1:
+    reason += ("; it compiles each replica's forward and backward, the sum "
+               'and update run after (steps.py)')
   return on, reason
 
 
