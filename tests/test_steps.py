@@ -108,6 +108,37 @@ def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy, seed,
     keras.mixed_precision.set_global_policy('float32')
 
 
+class _HostOnly(keras.layers.Layer):
+  """The identity through strings: ops XLA has no kernel for."""
+
+  def call(self, x):
+    return tf.strings.to_number(tf.strings.as_string(x))
+
+
+@pytest.mark.parametrize('xla', [False, WITH_XLA])
+def test_xla_really_compiles_each_replicas_step(mirrored, xla):
+  """A model with a host-only op trains without XLA and fails with it: the
+  replica's forward and backward do go through XLA under Mirrored."""
+  with mirrored.scope():
+    images = keras.Input((8, 8, 3), dtype='uint8')
+    x = _HostOnly()(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(
+        images)))
+    model = keras.Model(images, keras.layers.Dense(NUM_CLASSES)(x))
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  train = steps.make_train_function(model, optimizer, mirrored, GLOBAL_BATCH,
+                                    NUM_CLASSES, 0.0, step, jit_compile=xla)
+  iterator = iter(mirrored.distribute_datasets_from_function(_dataset))
+  if not xla:
+    train(iterator, tf.constant(2))
+    assert int(optimizer.iterations.numpy()) == 2
+    return
+  with pytest.raises(Exception, match='(?i)xla|compil'):
+    train(iterator, tf.constant(2))
+
+
 def test_last_execution_may_run_fewer_steps(mirrored):
   with mirrored.scope():
     model = _small_model()
