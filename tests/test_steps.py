@@ -39,6 +39,31 @@ def _dataset(input_context):
       batch, drop_remainder=True)
 
 
+def _sgd_training(strategy, build_model, learning_rate, label_smoothing=0.0,
+                  jit_compile=False):
+  """A model built under `strategy` with SGD and a step counter, and its
+  multi-step train function: (model, optimizer, step, train)."""
+  with strategy.scope():
+    model = build_model()
+    optimizer = keras.optimizers.SGD(learning_rate)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  train = steps.make_train_function(model, optimizer, strategy, GLOBAL_BATCH,
+                                    NUM_CLASSES, label_smoothing, step,
+                                    jit_compile=jit_compile)
+  return model, optimizer, step, train
+
+
+def _dense_model(*hidden):
+  """Rescaled, flattened pixels through `hidden` layers to a Dense head."""
+  images = keras.Input((8, 8, 3), dtype='uint8')
+  x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(images))
+  for layer in hidden:
+    x = layer(x)
+  return keras.Model(images, keras.layers.Dense(NUM_CLASSES)(x))
+
+
 @pytest.fixture
 def mirrored():
   # Collective keys restart with every strategy, so two strategies in one
@@ -119,17 +144,8 @@ class _HostOnly(keras.layers.Layer):
 def test_xla_really_compiles_each_replicas_step(mirrored, xla):
   """A model with a host-only op trains without XLA and fails with it: the
   replica's forward and backward do go through XLA under Mirrored."""
-  with mirrored.scope():
-    images = keras.Input((8, 8, 3), dtype='uint8')
-    x = _HostOnly()(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(
-        images)))
-    model = keras.Model(images, keras.layers.Dense(NUM_CLASSES)(x))
-    optimizer = keras.optimizers.SGD(0.1)
-    optimizer.build(model.trainable_variables)
-    step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  train = steps.make_train_function(model, optimizer, mirrored, GLOBAL_BATCH,
-                                    NUM_CLASSES, 0.0, step, jit_compile=xla)
+  _, optimizer, _, train = _sgd_training(
+      mirrored, lambda: _dense_model(_HostOnly()), 0.1, jit_compile=xla)
   iterator = iter(mirrored.distribute_datasets_from_function(_dataset))
   if not xla:
     train(iterator, tf.constant(2))
@@ -140,14 +156,8 @@ def test_xla_really_compiles_each_replicas_step(mirrored, xla):
 
 
 def test_last_execution_may_run_fewer_steps(mirrored):
-  with mirrored.scope():
-    model = _small_model()
-    optimizer = keras.optimizers.SGD(0.01)
-    optimizer.build(model.trainable_variables)
-    step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  train = steps.make_train_function(model, optimizer, mirrored, GLOBAL_BATCH,
-                                    NUM_CLASSES, 0.1, step, jit_compile=False)
+  _, optimizer, step, train = _sgd_training(mirrored, _small_model, 0.01,
+                                            label_smoothing=0.1)
   iterator = iter(mirrored.distribute_datasets_from_function(_dataset))
   train(iterator, tf.constant(4))
   out = train(iterator, tf.constant(3))  # Same trace, fewer steps.
@@ -231,17 +241,8 @@ def test_gradients_are_summed_once_across_replicas(mirrored, xla):
 
   def one_step(strategy, jit_compile=False):
     keras.utils.set_random_seed(1)
-    with strategy.scope():
-      inputs = keras.Input((8, 8, 3), dtype='uint8')
-      x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
-      model = keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(x))
-      optimizer = keras.optimizers.SGD(0.5)
-      optimizer.build(model.trainable_variables)
-      step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    train = steps.make_train_function(model, optimizer, strategy,
-                                      GLOBAL_BATCH, NUM_CLASSES, 0.0, step,
-                                      jit_compile=jit_compile)
+    model, _, _, train = _sgd_training(strategy, _dense_model, 0.5,
+                                       jit_compile=jit_compile)
 
     def dataset(input_context):
       return tf.data.Dataset.from_tensor_slices((images, labels)).batch(

@@ -100,9 +100,7 @@ def load(gpu_name, software):
     others = ', '.join(f'{name} {value:,.0f}'
                        for name, value in sorted(record['others'].items()))
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-    logging.warning('saved policy %s is unreadable (%s); using the rule; '
-                    'launch.benchmark --policies=... --save_policy writes it '
-                    'again', source, e)
+    _unreadable(source, e)
     return None
   return policy, (
       f'your sweep saved for this GPU and software: {rate:,.0f} img/s'
@@ -125,11 +123,15 @@ def load_xla(gpu_name, software, policy):
   except KeyError:  # This policy not swept both ways.
     return None
   except (OSError, ValueError, TypeError, AttributeError) as e:
-    logging.warning('saved policy %s is unreadable (%s); using the rule; '
-                    'launch.benchmark --policies=... --save_policy writes it '
-                    'again', source, e)
+    _unreadable(source, e)
     return None
   return on > off, (
       f'your sweep saved for this GPU and software over '
       f'{record["replicas"]} replicas ({policy}): XLA on {on:,.0f} img/s, '
       f'off {off:,.0f} ({source})')
+
+
+def _unreadable(source, error):
+  logging.warning('saved policy %s is unreadable (%s); using the rule; '
+                  'launch.benchmark --policies=... --save_policy writes it '
+                  'again', source, error)
