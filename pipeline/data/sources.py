@@ -186,7 +186,7 @@ def _tfrecord_source(config):
 
     dataset = dataset.interleave(records_of, cycle_length=min(len(names), 16),
                                  num_parallel_calls=AUTOTUNE,
-                                 deterministic=not shuffle)
+                                 deterministic=not shuffle or seed is not None)
     if not by_file:
       dataset = dataset.shard(pipelines, index)
     return dataset
