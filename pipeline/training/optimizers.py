@@ -8,7 +8,7 @@ is told not to sum them again (take_summed_gradients).
 """
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from pipeline.run import precision
 
@@ -16,19 +16,21 @@ from pipeline.run import precision
 class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
   """tensorflow/tpu's EfficientNet schedule (utils.build_learning_rate):
   linear warmup to `peak`, then peak * rate ** floor(step / decay_steps),
-  the staircase counted from step 0."""
+  the staircase counted from step 0. In keras.ops: it runs inside the
+  compiled step of either backend (a TensorFlow op cannot run in JAX's)."""
 
   def __init__(self, peak, warmup_steps, decay_steps, rate):
     self.peak, self.warmup_steps = peak, warmup_steps
     self.decay_steps, self.rate = decay_steps, rate
 
   def __call__(self, step):
-    step = tf.cast(step, tf.float32)
-    decayed = self.peak * self.rate ** tf.floor(step / self.decay_steps)
+    step = ops.cast(step, 'float32')
+    decayed = self.peak * ops.power(self.rate,
+                                    ops.floor(step / self.decay_steps))
     if not self.warmup_steps:
       return decayed
     warming = self.peak * step / self.warmup_steps
-    return tf.where(step < self.warmup_steps, warming, decayed)
+    return ops.where(step < self.warmup_steps, warming, decayed)
 
   def get_config(self):
     return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
