@@ -25,6 +25,7 @@ import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from pipeline.backends.jax import devices as devices_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.backends.jax import programs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.backends.jax import ema as ema_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.backends.jax import trainer as trainer_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.storage import checkpoint_files  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -44,7 +45,7 @@ def _setup(learning_rate=0.5, ema_decay=0.0):
   optimizer.build(model.trainable_variables)
   strategy = devices_jax.DataParallel(jax.devices())
   step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
-  ema = trainer_jax.MovingAverage(model, ema_decay) if ema_decay else None
+  ema = ema_jax.MovingAverage(model, ema_decay) if ema_decay else None
   state = trainer_jax._state_of(model, optimizer, step, ema, strategy)  # pylint: disable=protected-access
   return model, optimizer, strategy, ema, state
 
@@ -250,14 +251,15 @@ def test_step_cost_is_one_step_per_image_whatever_the_slots_and_micro_batches():
   costs = []
   for accumulation in (1, 2):
     model, optimizer, strategy, _, state = _setup()
-    program = programs.train_program(model, optimizer, _config(accumulation),
-                                     CLASSES, strategy, None)
+    config = _config(accumulation)
     images, labels = strategy.to_devices(list(_batches(4)), stacked=True)
     trainer = trainer_jax.Trainer(
-        model, optimizer, strategy, state, program, None, CLASSES, 0, '',
+        model, optimizer, strategy, state, None, None, CLASSES, 0, '',
         slots=4, accumulation=accumulation, last_inputs=tuple(
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
-            for a in (images, labels)))
+            for a in (images, labels)),
+        cost_program=programs.cost_program(model, optimizer, config, CLASSES,
+                                           strategy, None))
     costs.append(trainer.step_cost())
   # The Dense layer's product forward and its two backward: 3 x 2 x 4 x 3
   # per image at least, plus the softmax and the update; 4 slots or 2
@@ -265,3 +267,120 @@ def test_step_cost_is_one_step_per_image_whatever_the_slots_and_micro_batches():
   assert 72 <= costs[0]['flops'] < 300, costs
   assert costs[1]['flops'] == pytest.approx(costs[0]['flops'], rel=0.2)
   assert costs[0]['bytes'] > 0
+  assert costs[0]['counted'] == 'the compiled step on one device'
+
+
+def test_a_device_without_cost_analysis_is_a_reason_not_an_exception(
+    monkeypatch):
+  """As on a PJRT plugin (CUDA, libtpu), whose compiled programs may give
+  no analysis (None), or fail to (the CPU always gives one, so both are
+  made here)."""
+  model, optimizer, strategy, _, state = _setup()
+  images, labels = strategy.to_devices(list(_batches(2)), stacked=True)
+  trainer = trainer_jax.Trainer(
+      model, optimizer, strategy, state, None, None, CLASSES, 0, '', slots=2,
+      last_inputs=(images, labels), cost_program=programs.cost_program(
+          model, optimizer, _config(), CLASSES, strategy, None))
+  compiled = type(trainer.cost_program.lower(
+      state, images[0], labels[0]).compile())
+  monkeypatch.setattr(compiled, 'cost_analysis', lambda self: None)
+  assert trainer.step_cost() == {
+      'reason': 'cpu gives no cost analysis of the compiled step'}
+
+  def fails(self):
+    raise NotImplementedError('no cost analysis on this plugin')
+  monkeypatch.setattr(compiled, 'cost_analysis', fails)
+  assert trainer.step_cost() == {
+      'reason': "XLA's cost analysis of the compiled step failed here "
+                '(NotImplementedError: no cost analysis on this plugin)'}
+
+
+def _counting(batches, fail_at=None):
+  """Yields `batches` (images, labels), counting the pulls in `pulled`;
+  raises ValueError at pull number `fail_at`."""
+  pulled = []
+
+  def generate():
+    for images, labels in batches:
+      pulled.append(len(pulled) + 1)
+      if len(pulled) == fail_at:
+        raise ValueError(f'bad batch {fail_at}')
+      yield images, labels
+  return generate(), pulled
+
+
+def _trainer(program, slots=2):
+  model, optimizer, strategy, _, state = _setup()
+  return trainer_jax.Trainer(model, optimizer, strategy, state, program,
+                             None, CLASSES, 0, '', slots=slots)
+
+
+def test_the_next_execution_is_staged_while_the_program_runs():
+  """The program cannot finish until the input is asked for the next
+  execution's first batch: a trainer that waited for the outputs before
+  staging would wait 20 s here, and fail."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from jax.experimental import io_callback  # pylint: disable=g-import-not-at-top
+  staged = threading.Event()
+  seen = []
+
+  def wait_for_staging(loss):
+    seen.append(staged.wait(timeout=20))
+    return np.asarray(loss)
+
+  model, optimizer, strategy, _, _ = _setup()
+  real = programs.train_program(model, optimizer, _config(), CLASSES,
+                                strategy, None)
+  blocked = jax.jit(lambda loss: io_callback(
+      wait_for_staging, jax.ShapeDtypeStruct((), jnp.float32), loss))
+
+  def program(state, images, labels, num_steps):
+    state, outputs = real(state, images, labels, num_steps)
+    return state, dict(outputs, loss=blocked(outputs['loss']))
+
+  images, labels = _batches(6)
+  iterator, pulled = _counting(zip(images, labels))
+  trainer = _trainer(program)
+  original_next = iterator.__next__
+
+  class Watched:
+    def __next__(self):
+      batch = original_next()
+      if len(pulled) == 3:  # The first batch of the second execution.
+        staged.set()
+      return batch
+
+  watched = Watched()
+  first = trainer.train(watched, 2)
+  assert seen == [True] and len(pulled) == 4  # Two staged while it ran.
+  second = trainer.train(watched, 2)  # Takes the staged ones.
+  assert trainer.step == 4 and len(pulled) == 6
+  # The staged batches are the next ones, in order: the same as training
+  # the six batches without staging.
+  model, optimizer, strategy, _, state = _setup()
+  state, expected = _run(real, strategy, state, images[:2], labels[:2], 2)
+  state, expected_second = _run(real, strategy, state, images[2:4],
+                                labels[2:4], 2)
+  np.testing.assert_allclose(first['loss'], float(expected['loss']),
+                             rtol=1e-6)
+  np.testing.assert_allclose(second['loss'], float(expected_second['loss']),
+                             rtol=1e-6)
+
+
+def test_a_failure_while_staging_is_raised_by_the_execution_that_takes_it():
+  model, optimizer, strategy, _, _ = _setup()
+  real = programs.train_program(model, optimizer, _config(), CLASSES,
+                                strategy, None)
+  images, labels = _batches(5)
+  iterator, pulled = _counting(zip(images, labels), fail_at=4)
+  trainer = _trainer(real)
+  trainer.train(iterator, 2)  # Pulls 1-2, stages 3 and fails at 4.
+  assert len(pulled) == 4 and trainer.step == 2
+  with pytest.raises(ValueError, match='bad batch 4'):
+    trainer.train(iterator, 2)  # Batch 3 is there; 4 is the failure.
+  # The end of the data likewise: StopIteration where the data ran out.
+  iterator, pulled = _counting(zip(images[:3], labels[:3]))
+  trainer = _trainer(real)
+  trainer.train(iterator, 2)
+  with pytest.raises(StopIteration):
+    trainer.train(iterator, 2)

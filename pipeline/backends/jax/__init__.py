@@ -84,5 +84,12 @@ class JaxBackend:
     from pipeline.reports import export  # pylint: disable=g-import-not-at-top
     export.convert_to_tflite_on_tensorflow(weights, metadata, path, kind)
 
+  def peak_device_memory(self, hardware):
+    if hardware.device_kind == 'CPU':
+      return None
+    import jax  # pylint: disable=g-import-not-at-top
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get('peak_bytes_in_use')
+
 
 BACKEND = JaxBackend()

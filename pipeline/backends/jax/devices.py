@@ -12,6 +12,7 @@ import os
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 from jax.sharding import NamedSharding
@@ -36,6 +37,8 @@ class DataParallel:
     self.mesh = jax.sharding.Mesh(np.array(device_list), ('batch',))
     self.num_replicas_in_sync = len(device_list)
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
+    self._stack_padded = jax.jit(_stack_padded, static_argnums=1,
+                                 out_shardings=self.batch_sharding(True))
 
   def batch_sharding(self, stacked=False):
     """Batches split over the devices; `stacked`: [steps, batch, ...]."""
@@ -68,17 +71,21 @@ class DataParallel:
 
   def stack(self, batches, slots):
     """[slots, batch, ...] arrays on the devices from `batches` (tuples of
-    arrays), the unused slots zeros: each part stacked where it lies (the
-    host's numpy, or DALI's arrays already on the devices)."""
-    def stacked(parts):
-      on_devices = isinstance(parts[0], jax.Array)
-      xp = jax.numpy if on_devices else np
-      padding = xp.zeros((slots - len(parts), *parts[0].shape), parts[0].dtype)
-      whole = xp.concatenate([xp.stack(parts), padding])
-      return (jax.device_put(whole, self.batch_sharding(True)) if on_devices
-              else whole)
-    return self.to_devices([stacked(parts) for parts in zip(*batches)],
-                           stacked=True)
+    arrays on the host or the devices), the unused slots zeros: each batch
+    placed as it is, then stacked where it lies (no host copy of the
+    whole)."""
+    return self._stack_padded(
+        tuple(tuple(self.to_devices(tuple(batch))) for batch in batches),
+        slots)
+
+
+def _stack_padded(batches, slots):
+  """Each part of `batches` stacked along a new first axis, then zeros up
+  to `slots` (traced: runs on the devices)."""
+  return tuple(
+      jnp.concatenate([jnp.stack(parts), jnp.zeros(
+          (slots - len(parts), *parts[0].shape), parts[0].dtype)])
+      for parts in zip(*batches))
 
 
 class HostBatches:

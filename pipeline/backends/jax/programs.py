@@ -106,8 +106,44 @@ def train_program(model, optimizer, config, num_classes, strategy, ema,
   -> (state, outputs). One fori_loop on the device over the first `steps`
   slots; gradient accumulation a scan over micro-batches inside a step.
   `frozen`: the backbone stays as it is (_Phase)."""
+  one_step = _step_function(model, optimizer, config, num_classes, ema,
+                            frozen, config.gradient_accumulation_steps)
+
+  @functools.partial(jax.jit, donate_argnums=0,
+                     out_shardings=strategy.replicated)
+  def train(state, images, labels, num_steps):
+    # A loop on the device over the first num_steps of the stacked batches.
+    def body(index, carry):
+      state, losses, correct = carry
+      state, (loss, hits) = one_step(state, (images[index], labels[index]))
+      return state, losses.at[index].set(loss), correct + hits
+
+    losses = jnp.zeros(images.shape[0])
+    state, losses, correct = jax.lax.fori_loop(
+        0, num_steps, body, (state, losses, 0.0))
+    return state, {'loss': jnp.sum(losses) / num_steps,
+                   'accuracy': correct / (num_steps * labels.shape[1]),
+                   'step_losses': losses}
+
+  return train
+
+
+def cost_program(model, optimizer, config, num_classes, strategy, ema):
+  """One training step of one micro-batch, loop-free, jitted: state,
+  images [micro_batch, ...], labels -> state. What step_cost compiles: XLA
+  counts a loop's body once, or every iteration where it unrolls a short
+  loop, so the train program's figures would depend on that choice."""
+  one_step = _step_function(model, optimizer, config, num_classes, ema,
+                            False, 1)
+  return jax.jit(lambda state, images, labels: one_step(
+      state, (images, labels))[0], out_shardings=strategy.replicated)
+
+
+def _step_function(model, optimizer, config, num_classes, ema, frozen,
+                   accumulation):
+  """One training step as a traceable function: (state, (images, labels))
+  -> (state, (loss, correct))."""
   loss_fn = objective.loss_function(config.label_smoothing)
-  accumulation = config.gradient_accumulation_steps
   l2 = config.l2_weight_decay
   phase = _Phase(model, frozen)
   decayed = [objective.is_decayed(v) for v in phase.trainable]
@@ -161,23 +197,7 @@ def train_program(model, optimizer, config, num_classes, strategy, ema,
           ema.update(state, updates), state['ema'])]
     return state, (loss, correct)
 
-  @functools.partial(jax.jit, donate_argnums=0,
-                     out_shardings=strategy.replicated)
-  def train(state, images, labels, num_steps):
-    # A loop on the device over the first num_steps of the stacked batches.
-    def body(index, carry):
-      state, losses, correct = carry
-      state, (loss, hits) = one_step(state, (images[index], labels[index]))
-      return state, losses.at[index].set(loss), correct + hits
-
-    losses = jnp.zeros(images.shape[0])
-    state, losses, correct = jax.lax.fori_loop(
-        0, num_steps, body, (state, losses, 0.0))
-    return state, {'loss': jnp.sum(losses) / num_steps,
-                   'accuracy': correct / (num_steps * labels.shape[1]),
-                   'step_losses': losses}
-
-  return train
+  return one_step
 
 
 def eval_program(model, num_classes, strategy):

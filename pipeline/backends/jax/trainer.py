@@ -18,23 +18,23 @@ statistics after each execution.
 import contextlib
 import dataclasses
 import hashlib
-import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline.backends.jax import ema as ema_lib
 from pipeline.backends.jax import programs
+from pipeline.backends.jax import staging as staging_lib
 from pipeline.backends.jax.programs import on_host
 from pipeline.data import decode
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 from pipeline.run import precision
 from pipeline.storage import checkpoint_files
 from pipeline.training import models
-from pipeline.training import moving_average
 from pipeline.training import optimizers
 
 
@@ -50,13 +50,18 @@ class Trainer:
   num_classes: int
   label_offset: int
   out_of_memory: str
-  ema: Optional['MovingAverage'] = None
+  ema: Optional[ema_lib.MovingAverage] = None
   step_variables: checkpoint_files.Variables = None
   slots: int = 1  # Steps one program call can run: steps_per_execution.
   frozen_steps: int = 0  # Fine-tuning: the first steps train the head alone,
   frozen_program: object = None  # in this program.
   accumulation: int = 1  # Micro-batches per step.
   last_inputs: tuple = None  # The last execution's (images, labels) shapes.
+  staging: staging_lib.Staging = None  # The next execution's batches.
+  cost_program: object = None  # One loop-free step, for step_cost.
+
+  def __post_init__(self):
+    self.staging = self.staging or staging_lib.Staging(self.strategy)
 
   # --- the Trainer interface (backends/interface.py) ---
 
@@ -84,7 +89,8 @@ class Trainer:
 
   def train(self, iterator, num_steps):
     """Runs `num_steps` steps in one compiled program (the interface's
-    outputs).
+    outputs), and stages the next execution's batches on the devices while
+    it runs (staging.py).
 
     Batches are stacked to steps_per_execution slots whatever `num_steps`
     is (unused ones zeros, never run), so a short last execution reuses
@@ -95,12 +101,9 @@ class Trainer:
     program = self.train_program
     if self.frozen_steps and self.step < self.frozen_steps:
       program = self.frozen_program
-    start = time.perf_counter()
     with self._errors_in_one_line():  # The input checks the labels.
-      batches = [next(iterator) for _ in range(num_steps)]
-    wait_s = time.perf_counter() - start
-    images, labels = self.strategy.stack(
-        [batch[:2] for batch in batches], self.slots)
+      (images, labels), skipped, wait_s = self.staging.take(
+          iterator, num_steps, self.slots)
     # Their shapes only, for step_cost: not the arrays' device memory.
     self.last_inputs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                   sharding=a.sharding)
@@ -108,27 +111,43 @@ class Trainer:
     with self._errors_in_one_line():
       self.state, outputs = program(self.state, images, labels,
                                     np.int32(num_steps))
+      # Dispatched, not finished: the next execution's input moves now.
+      wait_s += self.staging.stage(iterator, self.slots, outputs)
       outputs = on_host(outputs)
     return {'loss': float(outputs['loss']),
             'accuracy': float(outputs['accuracy']),
-            'input_wait_s': wait_s,
-            'skipped_records': sum(int(np.sum(batch[2])) for batch in batches
-                                   if len(batch) > 2),
+            'input_wait_s': wait_s, 'skipped_records': skipped,
             'step_losses': np.asarray(outputs['step_losses'][:num_steps])}
 
   def step_cost(self):
-    if self.last_inputs is None:
+    if self.last_inputs is None or self.cost_program is None:
       return {'reason': 'no training step has run'}
-    lowered = self.train_program.lower(self.state, *self.last_inputs,
-                                       np.int32(1))
-    # XLA counts a loop's body once: one step (of the execution's loop) of
-    # one micro-batch (of the accumulation's scan). Traced, the program
-    # holds the global batch; compiled, each device's share.
-    micro_batch = self.last_inputs[0].shape[1] // self.accumulation
+    # A loop-free step of one micro-batch, compiled for this device (its
+    # share of the batch): a PJRT plugin (CUDA, libtpu) has no cost
+    # analysis before compiling.
+    images, labels = self.last_inputs
+    micro_batch = images.shape[1] // self.accumulation
+    micro = lambda a: jax.ShapeDtypeStruct(
+        (micro_batch, *a.shape[2:]), a.dtype,
+        sharding=self.strategy.batch_sharding())
+    try:
+      analysis = self.cost_program.lower(
+          self.state, micro(images), micro(labels)).compile().cost_analysis()
+    except Exception as e:  # pylint: disable=broad-except
+      return {'reason': "XLA's cost analysis of the compiled step failed "
+                        f'here ({type(e).__name__}: {first_line(e)})'}
+    # A dict; a list of one in older JAX; None or {} where the plugin
+    # has none.
+    analysis = (analysis[0] if isinstance(analysis, list) and analysis
+                else analysis) or {}
+    flops, accessed = analysis.get('flops'), analysis.get('bytes accessed')
+    if flops is None or accessed is None:
+      return {'reason': f'{self.strategy.mesh.devices.flat[0].platform} '
+                        'gives no cost analysis of the compiled step'}
     per_device = micro_batch // self.strategy.num_replicas_in_sync
-    return {'flops': _cost(lowered.cost_analysis(), 'flops') / micro_batch,
-            'bytes': _cost(lowered.compile().cost_analysis(),
-                           'bytes accessed') / per_device}
+    return {'flops': float(flops) / per_device,
+            'bytes': float(accessed) / per_device,
+            'counted': 'the compiled step on one device'}
 
   def evaluate(self, dataset, num_steps):
     """The interface's figures: the averaged weights' with a moving
@@ -228,69 +247,6 @@ class Trainer:
       raise
 
 
-def _cost(analysis, key):
-  """A figure of XLA's cost analysis (a dict; a list of one in older JAX)."""
-  return float((analysis[0] if isinstance(analysis, list) else analysis)[key])
-
-
-class MovingAverage:
-  """The moving average (training/moving_average.py) as a function of the
-  JAX state."""
-
-  def __init__(self, model, decay):
-    self.decay = decay
-    sources = moving_average.averaged(model)
-    self.variables = checkpoint_files.Variables('ema', like=sources)
-    for average, source in zip(self.variables.values, sources):
-      average.assign(source.value)  # The average starts at the weights.
-    # Where each averaged weight sits in the state: (trainable?, index).
-    trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}
-    non_trainable = {id(v): i
-                     for i, v in enumerate(model.non_trainable_variables)}
-    self.places = [('trainable', trainable[id(v)]) if id(v) in trainable else
-                   ('non_trainable', non_trainable[id(v)]) for v in sources]
-    self.trainer = None
-
-  def of(self, state):
-    """The averaged variables' current values in `state`."""
-    return [state[kind][index] for kind, index in self.places]
-
-  def update(self, state, num_updates):
-    """The averages after one applied update (the `num_updates`th)."""
-    decay = moving_average.decay_at(self.decay, num_updates)
-    return [average - (1.0 - decay) * (average - value)
-            for average, value in zip(state['ema'], self.of(state))]
-
-  def as_model_state(self, state):
-    """(trainable, non_trainable) with the averages in place of the weights."""
-    trainable = list(state['trainable'])
-    non_trainable = list(state['non_trainable'])
-    lists = {'trainable': trainable, 'non_trainable': non_trainable}
-    for (kind, index), average in zip(self.places, state['ema']):
-      lists[kind][index] = average
-    return trainable, non_trainable
-
-  def reset(self):
-    """Starts the average at the model's current weights."""
-    if self.trainer:  # Copies: the train program donates the state.
-      self.trainer.state['ema'] = [jnp.copy(value) for value in
-                                   self.of(self.trainer.state)]
-
-  @contextlib.contextmanager
-  def applied_to_model(self, model, state):
-    """The model's variables hold the averages inside, the weights after."""
-    variables = model.trainable_variables + model.non_trainable_variables
-    trainable, non_trainable = self.as_model_state(state)
-    for variable, value in zip(variables, on_host(trainable + non_trainable)):
-      variable.assign(value)
-    try:
-      yield
-    finally:
-      for variable, value in zip(variables, on_host(
-          state['trainable'] + state['non_trainable'])):
-        variable.assign(value)
-
-
 def _state_of(model, optimizer, step_variables, ema, strategy):
   """The run's state as JAX arrays, replicated on every device."""
   state = {
@@ -321,7 +277,7 @@ def build(config, plan):
   optimizer.build(model.trainable_variables)
   step_variables = checkpoint_files.Variables('step', shapes=[()],
                                               dtype='int32')
-  ema = MovingAverage(model, config.ema_decay) if config.ema_decay else None
+  ema = ema_lib.MovingAverage(model, config.ema_decay) if config.ema_decay else None
   strategy = hardware.strategy
   trainer = Trainer(
       model, optimizer, strategy,
@@ -334,6 +290,8 @@ def build(config, plan):
       step_variables=step_variables, slots=plan.steps_per_execution,
       accumulation=config.gradient_accumulation_steps,
       frozen_steps=plan.frozen_steps,
+      cost_program=programs.cost_program(model, optimizer, config,
+                                         num_classes, strategy, ema),
       frozen_program=(programs.train_program(
           model, optimizer, config, num_classes, strategy, ema, frozen=True)
                       if plan.frozen_steps else None))
