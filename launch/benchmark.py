@@ -95,7 +95,8 @@ def main(argv):
       gpu = saved_policy.gpu_to_save_for(_SAVE_POLICY.value, _BACKENDS.value)
       result = benchmark.across_backends(_BACKENDS.value, _child_args())
       text = benchmark_report.backends_table(result)
-      if gpu:
+      failed = benchmark.failed_backends(result)
+      if gpu and not failed:
         text += '\n' + saved_policy.save_backends(result, gpu)
     elif _POLICIES.value:
       hardware = plan.find_hardware(request)
@@ -134,6 +135,10 @@ def main(argv):
   os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
   workdirs.write_json(output, result)
   print(f'written to {output}')
+  if _BACKENDS.value and failed:
+    sys.exit(f'error: the benchmark failed on --backend={",".join(failed)}'
+             ' (its row above says why)'
+             + ('; no backend was saved' if _SAVE_POLICY.value else ''))
 
 
 def _child_args():

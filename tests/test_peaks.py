@@ -9,6 +9,10 @@ from pipeline.reports import peaks
     ('NVIDIA H100 80GB HBM3', True, (989e12, 3.35e12)),
     ('NVIDIA H100 PCIe', True, (756e12, 2.0e12)),
     ('NVIDIA H200', False, (67e12, 4.8e12)),
+    # An H100 NVL is not an SXM H100, and a GH200 not an H200.
+    ('NVIDIA H100 NVL', True, (835e12, 3.9e12)),
+    ('NVIDIA GH200 480GB', True, (989e12, 4.0e12)),
+    ('NVIDIA GH200 144G HBM3e', True, (989e12, 4.9e12)),
     ('NVIDIA A100-SXM4-80GB', True, (312e12, 2.039e12)),
     ('NVIDIA A100-SXM4-40GB', True, (312e12, 1.555e12)),
     ('Tesla T4', True, (65e12, 0.32e12)),

@@ -63,10 +63,11 @@ class Trainer(Protocol):
     """Takes the model's weights (just loaded into it) as the run's state."""
 
   def step_cost(self) -> dict:
-    """XLA's cost analysis of one training step, per image: 'flops' of the
-    step as traced (the model's arithmetic, alike on every device) and
-    'bytes' accessed by it as compiled for this device (after fusion);
-    else {'reason': why there are none}. After a train() call."""
+    """XLA's cost analysis of one training step as compiled, per image:
+    'flops', 'bytes' accessed (after fusion) and 'counted': what was
+    analysed, by which cost model (the backends' bytes differ in both, so
+    they are labelled, not compared); else {'reason': why there are none},
+    never an exception. After a train() call."""
 
 
 class Backend(Protocol):
@@ -121,3 +122,8 @@ class Backend(Protocol):
   def write_tflite(self, weights: list, metadata: dict, path: str,
                    kind: str) -> None:
     """A LiteRT model of the float32 network with `weights` at `path`."""
+
+  def peak_device_memory(self, hardware) -> Optional[int]:
+    """Peak bytes this process held on its first accelerator, as the
+    backend's own allocator counts them; None where it counts none (a
+    CPU)."""

@@ -251,7 +251,9 @@ def _synthetic_throughput(config, plan, trainer, executions):
 def across_backends(names, args):
   """The benchmark of `args` on each Keras backend, one child process each
   (`python -m launch.benchmark --backend=NAME`), one after the other so
-  they never share the cores; {'backends': [name, result dict]...}."""
+  they never share the cores; {'backends': [[name, result dict]...]}. A
+  backend whose child fails gets {'failed': its last line} as its result:
+  the other backends' figures stand."""
   results = []
   for name in names:
     with tempfile.TemporaryDirectory() as folder:
@@ -263,11 +265,18 @@ def across_backends(names, args):
           check=False)
       if child.returncode:
         lines = (child.stderr.strip() or 'no output').splitlines()
-        raise UserError(f'the benchmark on --backend={name} failed: '
-                        f'{lines[-1]}')
+        logging.warning('the benchmark on --backend=%s failed: %s', name,
+                        lines[-1])
+        results.append([name, {'failed': lines[-1]}])
+        continue
       with open(output) as f:
         results.append([name, json.load(f)])
   return {'backends': results}
+
+
+def failed_backends(comparison):
+  """The backends of an across_backends result that have no figures."""
+  return [name for name, r in comparison['backends'] if 'failed' in r]
 
 
 def xla_settings(hardware):

@@ -82,12 +82,13 @@ def table(result):
 
 
 def _cost_lines(r):
-  """The step's cost per image and how near the device's peaks the
-  synthetic rate comes."""
+  """The step's cost per image, labelled by what XLA counted, and how near
+  the device's peaks the synthetic rate comes."""
   if 'flops_per_image' not in r:
     return ([f'FLOPs per image: none ({r["step_cost_reason"]})']
             if 'step_cost_reason' in r else [])
-  lines = [f'one training step per image (XLA cost analysis): '
+  counted = r.get('counted_per_image', "XLA's cost analysis")
+  lines = [f'one training step per image ({counted}): '
            f'{r["flops_per_image"] / 1e9:.3g} GFLOP, '
            f'{r["bytes_per_image"] / 1e6:.4g} MB accessed; at the synthetic '
            f'rate {r["achieved_flops_per_sec"] / 1e12:.3g} TFLOP/s, '
@@ -104,14 +105,19 @@ def _cost_lines(r):
 
 
 def backends_table(result):
-  """launch.benchmark --backends: one row per Keras backend."""
-  first = result['backends'][0][1]
-  lines = [f'{first["model"]} at {first["image_size"]} px, batch '
-           f'{first["global_batch_size"]}, {first["policy"]}, '
-           f'{first["device_kind"]} ({first["detail"]})',
-           f'{"backend":<12} {"strategy":<20} {"synthetic img/s":>16} '
-           f'{"real img/s":>11} {"compile s":>10}']
+  """launch.benchmark --backends: one row per Keras backend; a backend
+  that failed is its row's one line."""
+  measured = [r for _, r in result['backends'] if 'failed' not in r]
+  first = measured[0] if measured else None
+  lines = ([f'{first["model"]} at {first["image_size"]} px, batch '
+            f'{first["global_batch_size"]}, {first["policy"]}, '
+            f'{first["device_kind"]} ({first["detail"]})'] if first else [])
+  lines.append(f'{"backend":<12} {"strategy":<20} {"synthetic img/s":>16} '
+               f'{"real img/s":>11} {"compile s":>10}')
   for name, r in result['backends']:
+    if 'failed' in r:
+      lines.append(f'{name:<12} failed: {r["failed"]}')
+      continue
     where = f'{r["strategy"]} x{r["num_replicas"]}'
     lines.append(f'{name:<12} {where:<20} '
                  f'{r["train_synthetic_images_per_sec"]:>16.1f} '

@@ -7,7 +7,6 @@ resolved settings come from the Plan, the figures from the run.
 import resource
 
 from absl import logging
-import tensorflow as tf
 
 
 def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
@@ -63,7 +62,7 @@ def run_metrics(config, plan, trainer, progress, final_eval, *, initial_step,
       'epochs': config.epochs,
       'steps_per_epoch': plan.steps_per_epoch,
       'examples_per_epoch': plan.examples_per_epoch,
-      **peak_memory(hardware.device_kind),
+      **peak_memory(plan.backend, hardware),
   }
 
 
@@ -81,15 +80,13 @@ def log_done(result, workdir_url):
                result['weights_sha256'][:16], f'{workdir_url}/metrics.json')
 
 
-def peak_memory(device_kind):
-  """This process's peak memory: the accelerator's, else the host's RSS."""
-  if device_kind in ('GPU', 'TPU'):
-    try:
-      info = tf.config.experimental.get_memory_info(f'{device_kind}:0')
-      return {'peak_memory_bytes': int(info['peak']),
-              'peak_memory_kind': f'{device_kind}:0 device'}
-    except (ValueError, tf.errors.OpError):
-      pass  # Not tracked on this device: the host figure still says something.
+def peak_memory(backend, hardware):
+  """This process's peak memory: the accelerator's, as its backend counts
+  it, else the host's RSS."""
+  peak = backend.peak_device_memory(hardware)
+  if peak is not None:
+    return {'peak_memory_bytes': int(peak),
+            'peak_memory_kind': f'{hardware.device_kind}:0 device'}
   # ru_maxrss is in KiB on Linux.
   rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return {'peak_memory_bytes': rss_kib * 1024, 'peak_memory_kind': 'host RSS'}

@@ -15,7 +15,13 @@ import re
 # (device name pattern, 16-bit FLOP/s, float32 FLOP/s or None, bytes/s,
 # source); the first match wins.
 PEAKS = (
+    # GH200 before H200 and H100: its name holds 'H200', its GPU is an H100
+    # with HBM3 (96 GB) or HBM3e (144 GB).
+    (r'GH200.*144', 989e12, 67e12, 4.9e12,
+     'NVIDIA GH200 datasheet (144GB HBM3e)'),
+    (r'GH200', 989e12, 67e12, 4.0e12, 'NVIDIA GH200 datasheet (96GB HBM3)'),
     (r'H200', 989e12, 67e12, 4.8e12, 'NVIDIA H200 datasheet (SXM)'),
+    (r'H100.*NVL', 835e12, 60e12, 3.9e12, 'NVIDIA H100 datasheet (NVL)'),
     (r'H100.*PCIe', 756e12, 51e12, 2.0e12, 'NVIDIA H100 datasheet (PCIe)'),
     (r'H100', 989e12, 67e12, 3.35e12, 'NVIDIA H100 datasheet (SXM)'),
     (r'A100.*80GB', 312e12, 19.5e12, 2.039e12,

@@ -71,5 +71,15 @@ class TensorFlowBackend:
     from pipeline.reports import export  # pylint: disable=g-import-not-at-top
     export.convert_to_tflite(weights, metadata, path, kind)
 
+  def peak_device_memory(self, hardware):
+    if hardware.device_kind not in ('GPU', 'TPU'):
+      return None
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    try:
+      return int(tf.config.experimental.get_memory_info(
+          f'{hardware.device_kind}:0')['peak'])
+    except (ValueError, tf.errors.OpError):
+      return None  # Not tracked on this device.
+
 
 BACKEND = TensorFlowBackend()

@@ -23,6 +23,7 @@ from pipeline.backends.tensorflow.devices import peers_lost_in_one_line
 from pipeline.data import dali
 from pipeline.data import decode
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 from pipeline.run import precision
 from pipeline.storage import checkpoint_files
 from pipeline.training import models
@@ -215,10 +216,12 @@ def _build(config, plan):
 
 def step_cost(config, plan):
   """The Trainer's step_cost: one replica's forward and backward pass (the
-  step's own gradient function) compiled by XLA alone, its HLO read by
-  jaxlib's cost analysis: TensorFlow has none in Python. On a model and
-  optimizer built again outside the strategy, whose variables live on one
-  device (the run's may be mirrored over several)."""
+  step's own gradient function) compiled by XLA alone, its optimized HLO
+  read by jaxlib's cost analysis (TensorFlow has none in Python) on JAX's
+  CPU client: JAX is kept to its CPU platform here, so it never starts CUDA
+  beside TensorFlow. On a model and optimizer built again outside the
+  strategy, whose variables live on one device (the run's may be mirrored
+  over several)."""
   try:
     import jax  # pylint: disable=g-import-not-at-top
     from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
@@ -234,20 +237,27 @@ def step_cost(config, plan):
       model, optimizer, plan.global_batch_size, plan.source.num_classes,
       config.label_smoothing, l2_weight_decay=config.l2_weight_decay)
   size = config.image_size
-  compiler_ir = tf.function(jit_compile=True)(
-      lambda images, labels: gradients(model.trainable_variables, images,
-                                       labels)).experimental_get_compiler_ir(
-          tf.zeros((micro_batch, size, size, 3), tf.uint8),
-          tf.zeros((micro_batch,), tf.int32))
-  cpu = jax.devices('cpu')[0].client
-
-  def cost(stage, key):
-    module = _hlo.hlo_module_from_text(compiler_ir(stage=stage))
-    return xla_client._xla.hlo_module_cost_analysis(cpu, module)[key]  # pylint: disable=protected-access
-
   try:
-    return {'flops': cost('hlo', 'flops') / micro_batch,
-            'bytes': cost('optimized_hlo', 'bytes accessed') / micro_batch}
-  except (tf.errors.OpError, ValueError, RuntimeError) as e:
-    return {'reason': f'XLA could not compile the step alone here '
-                      f'({type(e).__name__}: {str(e).splitlines()[0]})'}
+    module = _hlo.hlo_module_from_text(tf.function(jit_compile=True)(
+        lambda images, labels: gradients(model.trainable_variables, images,
+                                         labels)).experimental_get_compiler_ir(
+            tf.zeros((micro_batch, size, size, 3), tf.uint8),
+            tf.zeros((micro_batch,), tf.int32))(stage='optimized_hlo'))
+    analysis = xla_client._xla.hlo_module_cost_analysis(  # pylint: disable=protected-access
+        _jax_cpu_client(jax), module)
+    flops, accessed = analysis['flops'], analysis['bytes accessed']
+  except Exception as e:  # pylint: disable=broad-except
+    return {'reason': f'XLA could not analyse the step alone here '
+                      f'({type(e).__name__}: {first_line(e)})'}
+  return {'flops': flops / micro_batch, 'bytes': accessed / micro_batch,
+          'counted': "one replica's forward and backward, XLA's CPU cost "
+                     'model'}
+
+
+def _jax_cpu_client(jax):
+  """JAX's CPU client, without starting any other JAX platform: in a fresh
+  process `jax.devices('cpu')` would initialise every platform installed,
+  CUDA's too, beside TensorFlow's hold on the GPUs."""
+  if not jax.config.jax_platforms:
+    jax.config.update('jax_platforms', 'cpu')
+  return jax.devices('cpu')[0].client
