@@ -1,0 +1,138 @@
+"""Every shipped config and every recipe option builds its programs on the
+backend of this environment.
+
+Each config of configs/ with its data swapped for the bundled digits at
+32 px, and each recipe option on the default config: optimizers and
+schedules, moving average, L2, label smoothing, mixup and CutMix,
+RandAugment, accumulation, a V2 model, float16 and bfloat16, fine-tuning
+from a weights file (backbone frozen first). The run is resolved and built
+as launch.train does, a real batch of its input taken, and every program
+the run compiles is traced with that batch's shapes:
+
+- on JAX (CI's JAX environment) each program is lowered: a TensorFlow op in
+  what JAX traces (a schedule, a loss) fails there, before XLA compiles,
+  so a case costs seconds where a compile costs a minute on this CPU;
+- on TensorFlow each tf.function is traced (about 25 s a case here): in the
+  slow tier, as TensorFlow's options are trained by test_recipe.py and the
+  end-to-end tests.
+
+A whole run of configs/imagenet.py on JAX is BUILD_NOTES.md's command.
+"""
+
+import importlib
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from configs import default
+from pipeline.data import inputs
+from pipeline.run import plan as plan_lib
+from pipeline.run import request as request_lib
+from pipeline.training import finetune
+
+ON_JAX = keras.backend.backend() == 'jax'
+CONFIGS = sorted(name[:-3] for name in os.listdir(
+    os.path.join(os.path.dirname(__file__), '..', 'configs'))
+                 if name.endswith('.py') and name != '__init__.py')
+OPTIONS = {
+    'sgd': dict(optimizer='sgd'),
+    'rmsprop_exponential': dict(optimizer='rmsprop', lr_schedule='exponential'),
+    'moving_average': dict(ema_decay=0.99),
+    'l2_and_label_smoothing': dict(l2_weight_decay=1e-4, label_smoothing=0.1),
+    'mixup_and_cutmix': dict(mixup_alpha=0.2, cutmix_alpha=1.0),
+    'randaugment': dict(augment='inception_randaugment'),
+    'accumulation': dict(gradient_accumulation_steps=2),
+    'v2_model': dict(model='efficientnetv2_b0'),
+    'float16': dict(policy='mixed_float16'),
+    'bfloat16': dict(policy='mixed_bfloat16'),
+    'finetune_from_a_file': dict(init_from='WEIGHTS',
+                                 freeze_backbone_epochs=1.0, epochs=2),
+}
+# On TensorFlow each case traces for about 25 s: the slow tier.
+_TIER = [] if ON_JAX else [pytest.mark.slow]
+
+
+def _digits(config, tfds_dir):
+  """`config` with its data swapped for the digits at 32 px."""
+  config.update(dataset='sklearn_digits', data_dir=tfds_dir, image_size=32,
+                num_classes=10, global_batch_size=16,
+                train_split='train[:64]', eval_split='test[:32]',
+                steps_per_execution=2, data_service='', cache='memory')
+  if config.init_from:  # The ImageNet weights need the network.
+    config.init_from = 'WEIGHTS'
+  return config
+
+
+def _cases():
+  for name in CONFIGS:
+    yield pytest.param(name, {}, id=f'configs/{name}.py', marks=_TIER)
+  for name, fields in OPTIONS.items():
+    yield pytest.param('default', fields, id=name, marks=_TIER)
+
+
+@pytest.fixture(scope='module')
+def weights_file(tmp_path_factory):
+  """A headless B0's weights at 32 px, as a downloaded .h5 would hold."""
+  path = str(tmp_path_factory.mktemp('weights') / 'b0_notop.weights.h5')
+  config = _digits(default.get_config(), '')
+  keras.utils.set_random_seed(1)
+  finetune._headless(config, None).save_weights(path)  # pylint: disable=protected-access
+  return path
+
+
+@pytest.mark.parametrize('config_name, fields', _cases())
+def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
+                                         weights_file):
+  config = _digits(importlib.import_module(f'configs.{config_name}')
+                   .get_config(), tfds_dir)
+  fields = dict(fields)
+  policy = fields.pop('policy', 'float32')
+  config.update(fields)
+  if config.init_from == 'WEIGHTS':
+    config.init_from = weights_file
+  plan = plan_lib.resolve(config, request_lib.Request(policy=policy))
+  trainer = plan.backend.build_trainer(config, plan)
+  if config.init_from:
+    finetune.load_backbone(config, trainer.model, '')
+    trainer.read_back()
+  train = iter(inputs.train_batches(config, plan))
+  evaluation = iter(inputs.eval_batches(config, plan))
+  traced = (_lowered_on_jax if ON_JAX else _traced_on_tensorflow)(
+      trainer, train, evaluation)
+  assert traced == ['train', 'evaluate'] + (
+      ['train with the backbone frozen'] if plan.frozen_steps else [])
+
+
+def _lowered_on_jax(trainer, train, evaluation):
+  """Lowers the trainer's programs (a tracing error raises here)."""
+  strategy = trainer.strategy
+  batch = next(train)
+  images, labels = strategy.stack([batch[:2]], trainer.slots)
+  programs = [('train', trainer.train_program)]
+  if trainer.frozen_program:
+    programs.append(('train with the backbone frozen', trainer.frozen_program))
+  done = []
+  for name, program in programs:
+    program.lower(trainer.state, images, labels, np.int32(1))
+    done.append(name)
+  trainer.eval_program.lower(trainer.state['trainable'],
+                             trainer.state['non_trainable'],
+                             *strategy.to_devices(next(evaluation)))
+  done.insert(1, 'evaluate')
+  return done
+
+
+def _traced_on_tensorflow(trainer, train, evaluation):
+  """Traces the trainer's tf.functions (a graph error raises here)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  done = []
+  trainer.train_fn.get_concrete_function(train, tf.constant(1))
+  done.append('train')
+  trainer.eval_fn.get_concrete_function(evaluation, tf.constant(1))
+  done.append('evaluate')
+  if trainer.frozen_train_fn:
+    trainer.frozen_train_fn.get_concrete_function(train, tf.constant(1))
+    done.append('train with the backbone frozen')
+  return done
