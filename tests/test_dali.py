@@ -342,6 +342,7 @@ def test_a_record_dali_cannot_decode_stops_the_run_naming_it(digits_dir,
 @needs_dali
 def test_a_label_out_of_range_stops_a_dali_run_in_one_line(digits_dir,
                                                            tmp_path):
+  # The step checks the labels: DALI's dataset ends its chain.
   result = run_train(*_flags(digits_dir, tmp_path / 'run',
                              '--config.input_pipeline=dali',
                              '--config.num_classes=5', '--config.epochs=1'),
@@ -357,13 +358,17 @@ def test_dali_trains_to_tf_datas_accuracy_on_tensorflow(digits_dir, tmp_path):
   accuracy = {}
   for pipeline in ('tf.data', 'dali'):
     workdir = tmp_path / pipeline
+    # Two replicas, one DALI pipeline each: evaluation's weights count
+    # every example of both shards once (359, none of DALI's padding).
     result = run_train(*_flags(digits_dir, workdir,
                                f'--config.input_pipeline={pipeline}',
-                               '--config.epochs=6'), env=_TENSORFLOW)
+                               '--config.epochs=6', '--num_cpu_devices=2'),
+                       env=_TENSORFLOW)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f'Input: {pipeline} (as configured' in result.stderr
     metrics = json.loads((workdir / 'metrics.json').read_text())
     assert metrics['input_pipeline'] == pipeline
+    assert metrics['num_replicas'] == 2 and metrics['eval_examples'] == 359
     accuracy[pipeline] = metrics['eval_accuracy']
   # The default digits run reaches about 0.7 in 6 epochs; the two inputs
   # differ in order and crops only.

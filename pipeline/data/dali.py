@@ -169,9 +169,7 @@ class Input:
                  prefetch_queue_depth=2)
 
   def shard_size(self, shard_id, num_shards):
-    """Examples in a shard, as DALI's readers split them."""
-    return ((shard_id + 1) * self.num_examples // num_shards
-            - shard_id * self.num_examples // num_shards)
+    return shard_size(self.num_examples, shard_id, num_shards)
 
   def _graph(self, shard_id, num_shards, on_gpu):
     from nvidia.dali import fn  # pylint: disable=g-import-not-at-top
@@ -237,6 +235,12 @@ class Input:
         crop_w=side, crop_pos_x=0.5, crop_pos_y=0.5)
     return fn.resize(image, resize_x=self.image_size,
                      resize_y=self.image_size, interp_type=types.INTERP_LINEAR)
+
+
+def shard_size(num_examples, shard_id, num_shards):
+  """Examples in a shard, as DALI's readers split them."""
+  return ((shard_id + 1) * num_examples // num_shards
+          - shard_id * num_examples // num_shards)
 
 
 def train_input(config, source, global_batch_size, staging_dir):

@@ -2,11 +2,15 @@
 TensorFlow plugin (nvidia-dali-tf-plugin-cuda120, compiled against the
 installed TensorFlow as it installs).
 
-On GPUs one pipeline per replica, placed on its GPU (DALI's own recipe for
-tf.distribute: datasets per replica, on the device, not fetched again);
-elsewhere one per worker, on its CPU. Labels are checked as tf.data's
-(decode.LABEL_ERROR, which the trainer turns into one line); evaluation
-pads each shard to full batches with weight-0 examples.
+One pipeline per replica, each reading its own shard: on GPUs placed on
+its GPU (DALI's own recipe for tf.distribute: datasets per replica, on the
+device, not fetched again), elsewhere on the CPU. The DALIDataset is the
+last link of each chain: DALI's docs warn that most tf.data datasets have a
+CPU variant only, so a `.map` after a GPU-placed one would copy every batch
+to the host and back. What tf.data's chain does after decoding runs in the
+steps instead (steps.py): the label check (decode.LABEL_ERROR, which the
+trainer turns into one line) and evaluation's weights, 0 past each shard's
+examples (`eval_weights`).
 """
 
 import tensorflow as tf
@@ -40,38 +44,45 @@ def distribute(hardware, dali_input):
     device_id = shard % gpus_per_worker if on_gpus else None
     batch = dali_input.global_batch_size // shards
     with tf.device(f'/gpu:{device_id}' if on_gpus else '/cpu:0'):
-      dataset = dali_tf.DALIDataset(
+      return dali_tf.DALIDataset(
           pipeline=dali_input.pipeline(shard, shards, device_id),
           batch_size=batch, device_id=device_id,
           output_shapes=((batch, size, size, 3), (batch,)),
           output_dtypes=(tf.uint8, tf.int32))
-    dataset = dataset.map(_checked_labels(dali_input))
-    if dali_input.training:
-      return dataset
-    shard_size = dali_input.shard_size(shard, shards)
-    return dataset.enumerate().map(
-        lambda position, batch_: (*batch_, tf.cast(
-            position * batch + tf.range(batch, dtype=tf.int64) < shard_size,
-            tf.float32)))
 
-  options = (tf.distribute.InputOptions(
-      experimental_place_dataset_on_device=True,
-      experimental_fetch_to_device=False,
-      experimental_replication_mode=(
-          tf.distribute.InputReplicationMode.PER_REPLICA))
-             if on_gpus else None)
-  return hardware.strategy.distribute_datasets_from_function(input_fn,
-                                                             options)
+  return hardware.strategy.distribute_datasets_from_function(
+      input_fn, tf.distribute.InputOptions(
+          experimental_place_dataset_on_device=on_gpus,
+          experimental_fetch_to_device=not on_gpus,
+          experimental_replication_mode=(
+              tf.distribute.InputReplicationMode.PER_REPLICA)))
 
 
-def _checked_labels(dali_input):
-  origin = f'a record of {dali.files_named(dali_input.files)}'
+def label_check(num_classes, files):
+  """A replica's labels -> the same labels, checked in [0, num_classes)
+  as tf.data's are (the step runs it before the model)."""
+  origin = f'a record of {dali.files_named(files)}'
 
-  def check(images, labels):
-    bad = (labels < 0) | (labels >= dali_input.num_classes)
+  def check(labels):
+    bad = (labels < 0) | (labels >= num_classes)
     first = tf.gather(labels, tf.argmax(tf.cast(bad, tf.int32)))
     check_ = tf.debugging.Assert(~tf.reduce_any(bad),
                                  [decode.LABEL_ERROR, first, origin])
     with tf.control_dependencies([check_]):
-      return tf.identity(images), tf.identity(labels)
+      return tf.identity(labels)
   return check
+
+
+def eval_weights(num_examples, num_replicas, global_batch_size):
+  """(batch index, replica) -> that replica's weights: 1 for the examples
+  of its shard, 0 for the padding DALI repeats past them (the DALI eval
+  input yields images and labels only)."""
+  per_replica = global_batch_size // num_replicas
+  sizes = tf.constant([dali.shard_size(num_examples, shard, num_replicas)
+                       for shard in range(num_replicas)], tf.int64)
+
+  def weights(index, replica):
+    first = tf.cast(index, tf.int64) * per_replica
+    return tf.cast(first + tf.range(per_replica, dtype=tf.int64)
+                   < tf.gather(sizes, replica), tf.float32)
+  return weights

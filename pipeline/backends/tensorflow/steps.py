@@ -144,12 +144,14 @@ def batch_norm_averager(model, ema=None):
 
 def make_train_function(model, optimizer, strategy, global_batch_size,
                         num_classes, label_smoothing, step, jit_compile,
-                        **recipe):
+                        check_labels=None, **recipe):
   """Returns train(iterator, num_steps) -> dict of scalars.
 
   Batches are (images, labels) or data.py's (images, labels, skipped): then
-  `skipped_records` sums the records the input skipped. `recipe`: the
-  keyword arguments of replica_train_step after jit_compile.
+  `skipped_records` sums the records the input skipped. `check_labels`:
+  labels -> labels, run on each replica before its step, for an input that
+  cannot check them itself (DALI's). `recipe`: the keyword arguments of
+  replica_train_step after jit_compile.
 
   `step` counts every step taken, including those LossScaleOptimizer skips
   for non-finite gradients; `optimizer.iterations` counts applied updates,
@@ -177,7 +179,10 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
       with tf.control_dependencies(tf.nest.flatten(
           strategy.experimental_local_results(batch))):
         wait_s += tf.timestamp() - start
-      loss, correct = strategy.run(replica_step, args=batch[:2])
+      images, labels = batch[:2]
+      if check_labels:
+        labels = strategy.run(check_labels, args=(labels,))
+      loss, correct = strategy.run(replica_step, args=(images, labels))
       loss = strategy.reduce(SUM, loss, axis=None)
       step_losses = step_losses.write(index, loss)
       loss_sum += loss
@@ -224,18 +229,32 @@ def replica_eval_step(model, num_classes):
   return replica_step
 
 
-def make_eval_function(model, strategy, num_classes):
+def make_eval_function(model, strategy, num_classes, check_labels=None,
+                       weights_at=None):
   """Returns evaluate(iterator, num_steps) -> loss, accuracy, top-5 accuracy,
   examples and the confusion matrix (rows: true class, columns: predicted).
+
+  Batches are (images, labels, weights), or (images, labels) with
+  `weights_at(batch index, replica id)` giving each replica's weights and
+  `check_labels` checking its labels (DALI's input: see make_train_function).
   """
   replica_step = replica_eval_step(model, num_classes)
+
+  def completed(index):
+    def complete(images, labels):
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      return images, check_labels(labels), weights_at(index, replica)
+    return complete
 
   @tf.function
   def evaluate(iterator, num_steps):
     totals = tf.zeros(4)
     confusion = tf.zeros((num_classes, num_classes))
-    for _ in tf.range(num_steps):
-      sums, matrix = strategy.run(replica_step, args=next(iterator))
+    for index in tf.range(num_steps):
+      batch = next(iterator)
+      if weights_at:
+        batch = strategy.run(completed(index), args=batch)
+      sums, matrix = strategy.run(replica_step, args=batch)
       totals += strategy.reduce(SUM, sums, axis=None)
       confusion += strategy.reduce(SUM, matrix, axis=None)
     loss, correct, correct_top_k, examples = tf.unstack(totals)

@@ -16,12 +16,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline.backends.tensorflow import dali_input
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.backends.tensorflow import graph_rewrite
 from pipeline.backends.tensorflow import steps
 from pipeline.backends.tensorflow.devices import peers_lost_in_one_line
 from pipeline.data import dali
 from pipeline.data import decode
+from pipeline.data import tfrecords
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 from pipeline.run import precision
@@ -193,6 +195,8 @@ def _build(config, plan):
     ema = (ema_lib.MovingAverage(model, config.ema_decay)
            if config.ema_decay else None)
 
+  train_checks, eval_checks = _input_checks(config, plan)
+
   def train_function():
     return steps.make_train_function(
         model, optimizer, strategy, plan.global_batch_size, num_classes,
@@ -200,9 +204,10 @@ def _build(config, plan):
         # TPUs compile the whole program anyway; elsewhere XLA is per step.
         jit_compile=plan.xla and hardware.device_kind != 'TPU',
         accumulation_steps=config.gradient_accumulation_steps,
-        l2_weight_decay=config.l2_weight_decay, ema=ema)
+        l2_weight_decay=config.l2_weight_decay, ema=ema, **train_checks)
 
-  eval_fn = steps.make_eval_function(model, strategy, num_classes)
+  eval_fn = steps.make_eval_function(model, strategy, num_classes,
+                                     **eval_checks)
   return Trainer(model, optimizer, step, train_function(), eval_fn,
                  num_classes, config.label_offset,
                  plan.out_of_memory_message(config), ema=ema,
@@ -212,6 +217,22 @@ def _build(config, plan):
                  input_files=(dali.input_files(config)
                               if plan.input_pipeline == dali.DALI else ()),
                  cost=lambda: step_cost(config, plan))
+
+
+def _input_checks(config, plan):
+  """The keyword arguments of the train and eval functions for what the
+  input cannot do itself: DALI's datasets end at the DALIDataset, so its
+  labels are checked and evaluation's weights made in the steps."""
+  if plan.input_pipeline != dali.DALI:
+    return {}, {}
+  num_classes = plan.source.num_classes
+  return ({'check_labels': dali_input.label_check(
+      num_classes, tfrecords.list_files(config.train_files))},
+          {'check_labels': dali_input.label_check(
+              num_classes, tfrecords.list_files(config.eval_files)),
+           'weights_at': dali_input.eval_weights(
+               plan.source.num_eval_examples, plan.hardware.num_replicas,
+               plan.global_batch_size)})
 
 
 def step_cost(config, plan):
