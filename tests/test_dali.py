@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import types
 
 import ml_collections
 import numpy as np
@@ -460,3 +461,24 @@ def test_label_offset_is_taken_off_as_tf_data_does(tmp_path):
   source = source.__class__(**dict(source.__dict__, label_offset=1))
   _, labels = _run(source.pipeline(0, 1, None), 1)
   np.testing.assert_array_equal(labels, np.arange(6))
+
+
+@needs_dali
+def test_a_hosts_pipelines_share_its_cores_and_decode_an_execution_ahead(
+    tmp_path):
+  path = _write(tmp_path / 'train-0', _digits(16), range(16))
+  source = _input([path], True, 8, 16, 16)
+  # Eight GPUs' pipelines on a 2-core host: one thread each, never 8 x 2.
+  assert [source.threads(n) for n in (1, 2, 8)] == [2, 1, 1]
+  pipeline = source.pipeline(0, 2, None, local_pipelines=2)
+  assert pipeline.num_threads == 1
+  config = ml_collections.ConfigDict(dict(
+      train_files=str(path), image_size=224, label_offset=0, augment='none',
+      shuffle_buffer=64, deterministic_input=False, seed=0))
+  digits = types.SimpleNamespace(num_train_examples=16, num_classes=16)
+  depth = lambda batch, steps, shards=1: dali.train_input(
+      config, digits, batch, str(tmp_path), steps, shards).prefetch_depth
+  assert depth(256, 8, 8) == 8  # A GPU's share: an execution ahead.
+  assert depth(256, 1) == 2  # Never less than DALI's default.
+  # A TPU host's whole batch at 100 steps: what 2 GiB holds of them.
+  assert depth(2048, 100) == (2 << 30) // (2048 * 224 * 224 * 3) == 6

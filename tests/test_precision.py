@@ -412,6 +412,20 @@ def test_a_sweep_over_replicas_decides_xla_under_mirrored_on_that_gpu(
       True, 'single GPU: fused kernels help')
 
 
+def test_a_sweep_over_logical_gpus_says_it_had_no_nccl(tmp_path, monkeypatch):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  software = backends.load('tensorflow').software()
+  sweep = dict(_mirrored_h100_sweep(11000.0, 9000.0), logical_gpus=True)
+  saved_policy.save(sweep, H100, software)
+  xla_on, reason = tf_xla.choose_xla(
+      'auto', _stand_in('GPU', (9, 0), 4, H100), 'mixed_bfloat16',
+      tensorflow_version='2.21.0')
+  assert xla_on and reason.startswith(
+      'your sweep saved for this GPU and software over 2 logical replicas '
+      'of one GPU, without NCCL: a sweep over real GPUs replaces it '
+      '(mixed_bfloat16): XLA on 11,000 img/s')
+
+
 def test_a_damaged_saved_sweep_falls_back_to_the_rule(tmp_path, monkeypatch,
                                                       caplog):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))

@@ -165,6 +165,17 @@ def test_split_gpus_reads_their_memory_and_needs_gpus(tmp_path, monkeypatch):
   assert hardware.gpu_memory_mib() == []
 
 
+@pytest.mark.parametrize('split, environ, dali_installed, grows', [
+    (1, {}, True, True),  # DALI decodes on the GPUs TensorFlow would fill.
+    (1, {}, False, False),  # TensorFlow alone: its default.
+    (2, {}, True, False),  # Logical GPUs: each a fixed share already.
+    (1, {'TF_FORCE_GPU_ALLOW_GROWTH': 'false'}, True, False),  # The user's.
+])
+def test_tensorflow_grows_gpu_memory_where_dali_shares_the_gpus(
+    split, environ, dali_installed, grows):
+  assert tf_devices.grows_gpu_memory(split, environ, dali_installed) is grows
+
+
 def test_no_nvidia_gpus_no_check(tmp_path, monkeypatch):
   """nvidia-smi lists nothing and no device file: the CPU, no check. The
   device file alone (a driver without nvidia-smi on PATH) counts one GPU."""

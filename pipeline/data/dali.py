@@ -157,16 +157,25 @@ class Input:
   central_fraction: float
   shuffle_buffer: int
   seed: Optional[int]
-  num_threads: int
+  num_threads: int  # The host's cores, shared by its pipelines.
+  prefetch_depth: int = 2  # Batches each pipeline decodes ahead.
 
-  def pipeline(self, shard_id, num_shards, device_id):
+  def pipeline(self, shard_id, num_shards, device_id, local_pipelines=1):
+    """The pipeline of one shard; `local_pipelines`: how many this host
+    runs at once (one per GPU), which share its cores."""
     from nvidia.dali import pipeline_def  # pylint: disable=g-import-not-at-top
     build = pipeline_def(self._graph, enable_conditionals=True)
     return build(shard_id, num_shards, device_id is not None,
                  batch_size=self.global_batch_size // num_shards,
-                 num_threads=self.num_threads, device_id=device_id,
+                 num_threads=self.threads(local_pipelines),
+                 device_id=device_id,
                  seed=None if self.seed is None else self.seed + shard_id,
-                 prefetch_queue_depth=2)
+                 prefetch_queue_depth=self.prefetch_depth)
+
+  def threads(self, local_pipelines):
+    """Worker threads of each of `local_pipelines`: the cores split between
+    them (each taking every core would oversubscribe them)."""
+    return max(self.num_threads // max(local_pipelines, 1), 1)
 
   def shard_size(self, shard_id, num_shards):
     return shard_size(self.num_examples, shard_id, num_shards)
@@ -243,15 +252,26 @@ def shard_size(num_examples, shard_id, num_shards):
           - shard_id * num_examples // num_shards)
 
 
-def train_input(config, source, global_batch_size, staging_dir):
-  return _input(config, source, global_batch_size, staging_dir, True)
+# What one pipeline's decoded batches ahead may take of host or GPU memory.
+_PREFETCH_BYTES = 2 << 30
+
+
+def train_input(config, source, global_batch_size, staging_dir,
+                steps_per_execution=1, num_shards=1):
+  """The training split's Input: each of `num_shards` pipelines decodes one
+  execution ahead (the trainer takes a whole execution's batches at once)
+  where _PREFETCH_BYTES holds it, 2 batches at least."""
+  per_shard_bytes = (global_batch_size // num_shards) * config.image_size**2 * 3
+  depth = max(2, min(steps_per_execution, _PREFETCH_BYTES // per_shard_bytes))
+  return _input(config, source, global_batch_size, staging_dir, True, depth)
 
 
 def eval_input(config, source, global_batch_size, staging_dir):
   return _input(config, source, global_batch_size, staging_dir, False)
 
 
-def _input(config, source, global_batch_size, staging_dir, training):
+def _input(config, source, global_batch_size, staging_dir, training,
+           prefetch_depth=2):
   from pipeline.data import decode  # pylint: disable=g-import-not-at-top
   from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
   files = tuple(tfrecords.list_files(config.train_files if training
@@ -266,7 +286,7 @@ def _input(config, source, global_batch_size, staging_dir, training):
       central_fraction=decode.central_fraction(config),
       shuffle_buffer=config.shuffle_buffer,
       seed=config.seed if config.deterministic_input else None,
-      num_threads=dali_index.cpu_threads())
+      num_threads=dali_index.cpu_threads(), prefetch_depth=prefetch_depth)
 
 
 def throughput(dali_input, batches, on_gpu):

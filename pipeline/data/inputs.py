@@ -27,7 +27,8 @@ def train_batches(config, plan, service_job='train'):
   """The plan's training batches, through its backend."""
   if plan.input_pipeline == dali.DALI:
     return plan.backend.distribute_dali(plan.hardware, dali.train_input(
-        config, plan.source, plan.global_batch_size, plan.staging_dir))
+        config, plan.source, plan.global_batch_size, plan.staging_dir,
+        plan.steps_per_execution, plan.hardware.num_replicas))
   return plan.backend.distribute(plan.hardware, train_input_fn(
       config, plan.source, plan.global_batch_size, plan.cache, service_job))
 

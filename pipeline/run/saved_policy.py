@@ -44,6 +44,7 @@ def save(sweep, gpu_name, software):
             'images_per_sec': fastest['images_per_sec'], 'others': others,
             'xla_images_per_sec': xla_rates,
             'replicas': sweep.get('replicas', 1),
+            'logical_gpus': sweep.get('logical_gpus', False),
             'gpu': gpu_name, 'software': software,
             'model': sweep['model'], 'image_size': sweep['image_size'],
             'global_batch_size': sweep['global_batch_size'],
@@ -125,9 +126,13 @@ def load_xla(gpu_name, software, policy):
   except (OSError, ValueError, TypeError, AttributeError) as e:
     _unreadable(source, e)
     return None
+  # Logical GPUs of one card (--split_gpus) all-reduce without NCCL
+  # (TensorFlow: "NCCL is not supported when using virtual GPUs").
+  where = ('logical replicas of one GPU, without NCCL: a sweep over real '
+           'GPUs replaces it' if record.get('logical_gpus') else 'replicas')
   return on > off, (
       f'your sweep saved for this GPU and software over '
-      f'{record["replicas"]} replicas ({policy}): XLA on {on:,.0f} img/s, '
+      f'{record["replicas"]} {where} ({policy}): XLA on {on:,.0f} img/s, '
       f'off {off:,.0f} ({source})')
 
 

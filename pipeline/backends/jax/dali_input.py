@@ -39,7 +39,8 @@ class DaliBatches:
     else:
       shards = [(jax.process_index(), None)]
       num_shards, sharding = jax.process_count(), None
-    pipelines = [self.input.pipeline(shard, num_shards, device_id)
+    pipelines = [self.input.pipeline(shard, num_shards, device_id,
+                                     local_pipelines=len(shards))
                  for shard, device_id in shards]
     iterator = self._run(dali_jax.DALIGenericIterator(
         pipelines, ['images', 'labels'], sharding=sharding,

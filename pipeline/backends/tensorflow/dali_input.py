@@ -36,17 +36,26 @@ def distribute(hardware, dali_input):
         'TensorFlow), or --backend=jax, which feeds DALI through its JAX '
         f'plugin ({e})') from None
   on_gpus = hardware.device_kind == 'GPU'
-  gpus_per_worker = hardware.num_replicas // hardware.num_workers
+  replicas_per_worker = hardware.num_replicas // hardware.num_workers
   size = dali_input.image_size
+  # DALI names physical GPUs; --split_gpus makes several logical GPUs
+  # (replicas) of each.
+  split = max(len(tf.config.list_logical_devices('GPU'))
+              // max(len(tf.config.list_physical_devices('GPU')), 1), 1)
 
   def input_fn(context):
     shard, shards = context.input_pipeline_id, context.num_input_pipelines
-    device_id = shard % gpus_per_worker if on_gpus else None
+    device_id = (shard % replicas_per_worker) // split if on_gpus else None
     batch = dali_input.global_batch_size // shards
     with tf.device(f'/gpu:{device_id}' if on_gpus else '/cpu:0'):
+      # DALIDataset builds the pipeline again from its own arguments:
+      # threads and depth are passed as the pipeline has them.
       return dali_tf.DALIDataset(
-          pipeline=dali_input.pipeline(shard, shards, device_id),
+          pipeline=dali_input.pipeline(shard, shards, device_id,
+                                       local_pipelines=replicas_per_worker),
           batch_size=batch, device_id=device_id,
+          num_threads=dali_input.threads(replicas_per_worker),
+          prefetch_queue_depth=dali_input.prefetch_depth,
           output_shapes=((batch, size, size, 3), (batch,)),
           output_dtypes=(tf.uint8, tf.int32))
 

@@ -18,6 +18,7 @@ import socket
 import tensorflow as tf
 
 from pipeline.backends.tensorflow import tpu_runtime
+from pipeline.data import dali
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 from pipeline.run import hardware as hardware_lib
@@ -118,6 +119,8 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
     raise UserError(f'--tpu_runtime_version={tpu_runtime_version} needs a TPU '
                     'Node: pass --tpu=NAME or --tpu=grpc://HOST:PORT')
   _limit_visible_gpus(gpus)
+  if grows_gpu_memory(split_gpus_into, os.environ, dali.installed()):
+    _grow_gpu_memory()
   split_gpus(split_gpus_into)
   if os.environ.get('TF_CONFIG'):
     return _multi_worker(collective, collective_timeout_s)
@@ -132,6 +135,25 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
     strategy = tf.distribute.MirroredStrategy([d.name for d in cpus])
     return Hardware(strategy, 'CPU', detail=f'{len(cpus)} logical CPU devices')
   return Hardware(tf.distribute.get_strategy(), 'CPU', detail='host CPU')
+
+
+def grows_gpu_memory(split, environ, dali_installed):
+  """Whether TensorFlow takes GPU memory as it needs it instead of nearly
+  all of every GPU as it starts (its default): where DALI, which decodes on
+  the same GPUs, is installed (DALI's DALIDataset docs warn that the
+  default "might cause errors in DALI"). Not for logical GPUs (--split_gpus,
+  each a fixed share already), nor where the user set
+  TF_FORCE_GPU_ALLOW_GROWTH, which TensorFlow reads itself."""
+  return (split == 1 and dali_installed
+          and 'TF_FORCE_GPU_ALLOW_GROWTH' not in environ)
+
+
+def _grow_gpu_memory():
+  for gpu in tf.config.list_physical_devices('GPU'):
+    try:
+      tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # TensorFlow started its GPUs already (a test).
+      return
 
 
 def _limit_visible_gpus(spec):
