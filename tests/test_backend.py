@@ -180,3 +180,33 @@ def test_saving_a_comparison_without_a_gpu_is_one_line(backends_flag,
                       '--save_policy', timeout=120)
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == f'error: {message}'
+
+
+def test_a_backend_that_fails_in_a_comparison_is_its_rows_one_line():
+  """A real child process that fails (JAX, not installed in this
+  environment; in the JAX environment a flag only TensorFlow takes): its
+  row says why, and the other backend's figures stand beside it."""
+  from pipeline.reports import benchmark  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import benchmark_report  # pylint: disable=g-import-not-at-top
+  result = benchmark.across_backends(['jax'], ['--collective=ring'])
+  [[name, failed]] = result['backends']
+  assert name == 'jax' and failed['failed'].startswith('error: ')
+  assert benchmark.failed_backends(result) == ['jax']
+  tensorflow = {
+      'model': 'efficientnet_b0', 'image_size': 32, 'global_batch_size': 32,
+      'policy': 'float32', 'device_kind': 'CPU', 'detail': 'host CPU',
+      'strategy': 'DefaultStrategy', 'num_replicas': 1,
+      'train_synthetic_images_per_sec': 120.0,
+      'train_real_images_per_sec': 100.0, 'compile_s': 30.0,
+      'step_cost_reason': 'XLA could not analyse the step alone here (x)',
+      'overlap_wall_vs_sum': 0.55}
+  table = benchmark_report.backends_table(
+      {'backends': [['tensorflow', tensorflow], [name, failed]]})
+  assert table.splitlines()[2:] == [
+      'tensorflow   DefaultStrategy x1              120.0       100.0'
+      '       30.0',
+      f'jax          failed: {failed["failed"]}',
+      'tensorflow: FLOPs per image: none (XLA could not analyse the step '
+      'alone here (x))',
+      'tensorflow: input as slow as the model: wall time 0.55 x (input + '
+      'model); 0.5 overlaps them fully, 1.0 not at all']

@@ -428,17 +428,69 @@ def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
   for _, r in rows:
     assert r['train_synthetic_images_per_sec'] > 0
     assert r['train_real_images_per_sec'] > 0
-  # One training step's arithmetic per image, by XLA's cost analysis of
-  # each backend's own program: B0 at 32 px, about 3x its forward pass.
-  flops = [r['flops_per_image'] for _, r in rows]
-  assert 20e6 < flops[0] < 200e6 and abs(flops[1] / flops[0] - 1) < 0.05, flops
+  # One training step per image, by XLA's cost analysis of each backend's
+  # own program as compiled: B0 at 32 px traces to about 55 MFLOP, and this
+  # CPU's XLA computes each depthwise filter gradient as a dense
+  # convolution, so both count about 4x that (BUILD_NOTES.md). Different
+  # programs and compilers: each labelled, not compared.
   for _, r in rows:
+    assert 100e6 < r['flops_per_image'] < 400e6, r['flops_per_image']
     assert r['bytes_per_image'] > 0
     assert r['achieved_flops_per_sec'] == pytest.approx(
         r['flops_per_image'] * r['train_synthetic_images_per_sec'])
-  assert re.search(r'^jax: one training step per image \(XLA cost '
-                   r'analysis\): [\d.]+ GFLOP', result.stdout, re.M)
+    assert r['overlap_wall_vs_sum'] > 0
+  assert re.search(r'^jax: one training step per image \(the compiled step '
+                   r'on one device\): [\d.]+ GFLOP', result.stdout, re.M)
+  assert re.search(r"^tensorflow: one training step per image \(one "
+                   r"replica's forward and backward, XLA's CPU cost model\)"
+                   r': [\d.]+ GFLOP', result.stdout, re.M)
   assert 'of the peak: no figure for 2 x CPU device' in result.stdout
   assert re.search(r'^jax +DataParallel x2 +\d+\.\d', result.stdout, re.M)
   assert re.search(r'^tensorflow +MirroredStrategy x2 +\d+\.\d',
                    result.stdout, re.M)
+
+
+_NO_COST_ANALYSIS = '''
+"""Started before the benchmark (sitecustomize): XLA's cost analysis fails
+on both backends, as on a PJRT plugin that has none."""
+from jax._src import stages
+from jax._src.lib import xla_client
+
+
+def _unavailable(*args, **kwargs):
+  raise NotImplementedError('no cost analysis on this plugin')
+
+
+stages.Compiled.cost_analysis = _unavailable
+xla_client._xla.hlo_module_cost_analysis = _unavailable
+'''
+
+
+@pytest.mark.slow  # two backends' compiles: about 4 minutes here
+def test_without_cost_analysis_the_benchmark_prints_every_other_figure(
+    tfds_dir, tmp_path):
+  """The CPU always has a cost analysis; a GPU's or TPU's plugin may not.
+  Made unavailable here from outside the project (a sitecustomize), every
+  other figure of both backends still stands, and each says why it has no
+  FLOPs."""
+  (tmp_path / 'site').mkdir()
+  (tmp_path / 'site' / 'sitecustomize.py').write_text(_NO_COST_ANALYSIS)
+  output = tmp_path / 'backends.json'
+  result = run_module(
+      'launch.benchmark', '--backends=tensorflow,jax',
+      f'--config.data_dir={tfds_dir}', '--config.global_batch_size=32',
+      '--config.steps_per_execution=2', '--num_executions=2',
+      f'--output={output}', env={'PYTHONPATH': str(tmp_path / 'site')})
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = dict(json.loads(output.read_text())['backends'])
+  for name in ('tensorflow', 'jax'):
+    r = rows[name]
+    assert r['train_synthetic_images_per_sec'] > 0
+    assert r['train_real_images_per_sec'] > 0
+    assert r['input_warm_images_per_sec'] > 0
+    assert r['overlap_wall_vs_sum'] > 0
+    assert 'flops_per_image' not in r and 'achieved_flops_per_sec' not in r
+    assert 'no cost analysis on this plugin' in r['step_cost_reason']
+    assert re.search(rf'^{name}: FLOPs per image: none \(.*no cost analysis '
+                     'on this plugin', result.stdout, re.M)
+    assert re.search(rf'^{name} +\w+ x1 +\d+\.\d', result.stdout, re.M)

@@ -87,6 +87,7 @@ def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
   for key in ('input_cold_images_per_sec', 'input_warm_images_per_sec',
               'input_images_per_sec_per_core', 'reference_input_images_per_sec',
               'train_synthetic_images_per_sec', 'train_real_images_per_sec',
+              'train_slow_input_images_per_sec', 'overlap_wall_vs_sum',
               'compile_s'):
     assert figures[key] > 0, key
   rounds = list(zip(figures['input_rounds_images_per_sec'],
@@ -97,7 +98,8 @@ def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
   for row in ('input alone, first pass (cache: decoded)',
               'input alone, second pass', 'per core (',
               'reference input (tensorflow/tpu)', 'train, synthetic on device',
-              'train, real input', 'input / reference preprocessing: '):
+              'train, real input', 'input / reference preprocessing: ',
+              'input as slow as the model: wall time '):
     assert row in result.stdout
   # TensorFlow's environment has no jaxlib to read XLA's cost analysis.
   assert ("FLOPs per image: none (XLA's cost analysis is read through "

@@ -46,6 +46,9 @@ def table(result):
               r['train_synthetic_input_wait_fraction']),
              ('train, real input', r['train_real_images_per_sec'],
               r['train_real_input_wait_fraction'])]
+  if 'overlap_wall_vs_sum' in r:
+    rows.append((f'train, input {r["slow_input_delay_s"] * 1e3:.0f} ms a batch',
+                 r['train_slow_input_images_per_sec'], None))
   lines = [f'{r["model"]} at {r["image_size"]} px, batch '
            f'{r["global_batch_size"]}, {r["policy"]}, {r["strategy"]} '
            f'x{r["num_replicas"]}, augment {r["augment"]}',
@@ -74,6 +77,7 @@ def table(result):
         + ('fed' if r['input_feeds_target'] else 'NOT fed')
         + f' by these {r["cores"]} cores; at this rate it needs '
         f'{r["cores_for_target"]} cores')
+  lines += _overlap_lines(r)
   if 'compile_s' in r:
     lines.append(f'compile (first call): {r["compile_s"]:.1f} s; input '
                  f'/ model ceiling: {r["input_headroom"]:.1f}x')
@@ -87,7 +91,7 @@ def _cost_lines(r):
   if 'flops_per_image' not in r:
     return ([f'FLOPs per image: none ({r["step_cost_reason"]})']
             if 'step_cost_reason' in r else [])
-  counted = r.get('counted_per_image', "XLA's cost analysis")
+  counted = r.get('step_cost_counted', "XLA's cost analysis")
   lines = [f'one training step per image ({counted}): '
            f'{r["flops_per_image"] / 1e9:.3g} GFLOP, '
            f'{r["bytes_per_image"] / 1e6:.4g} MB accessed; at the synthetic '
@@ -124,5 +128,13 @@ def backends_table(result):
                  f'{r["train_real_images_per_sec"]:>11.1f} '
                  f'{r["compile_s"]:>10.1f}')
   for name, r in result['backends']:
-    lines += [f'{name}: {line}' for line in _cost_lines(r)]
+    lines += [f'{name}: {line}' for line in _cost_lines(r) + _overlap_lines(r)]
   return '\n'.join(lines)
+
+
+def _overlap_lines(r):
+  if 'overlap_wall_vs_sum' not in r:
+    return []
+  return [f'input as slow as the model: wall time '
+          f'{r["overlap_wall_vs_sum"]:.2f} x (input + model); 0.5 overlaps '
+          'them fully, 1.0 not at all']

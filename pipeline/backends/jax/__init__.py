@@ -69,6 +69,9 @@ class JaxBackend:
   def distribute(self, hardware, input_fn):
     return hardware.strategy.host_batches(input_fn)
 
+  def repeated(self, hardware, images, labels, delay_s=0.0):
+    return _Repeated(hardware.strategy.to_devices((images, labels)), delay_s)
+
   def distribute_dali(self, hardware, dali_input):
     from pipeline.backends.jax import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
     return dali_lib.DaliBatches(hardware.strategy, dali_input)
@@ -90,6 +93,21 @@ class JaxBackend:
     import jax  # pylint: disable=g-import-not-at-top
     stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get('peak_bytes_in_use')
+
+
+class _Repeated:
+  """The same batch, already on the devices, from every iterator, each
+  `delay_s` late."""
+
+  def __init__(self, batch, delay_s):
+    self.batch, self.delay_s = batch, delay_s
+
+  def __iter__(self):
+    import time  # pylint: disable=g-import-not-at-top
+    while True:
+      if self.delay_s:
+        time.sleep(self.delay_s)
+      yield self.batch
 
 
 BACKEND = JaxBackend()
