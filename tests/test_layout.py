@@ -104,6 +104,62 @@ def test_modules_and_functions_stay_readable(module):
   assert not long
 
 
+# What runs inside the JAX trainer's compiled programs: the step, the
+# moving average, the model, the loss and the learning-rate schedule. A
+# TensorFlow op there fails only when JAX traces it, mid-run
+# (TracerArrayConversionError); keras.ops runs on either backend.
+TRACED_BY_JAX = ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
+                 'pipeline.training.models', 'pipeline.training.objective',
+                 'pipeline.training.optimizers',
+                 'pipeline.training.moving_average')
+
+
+def _uses_tensorflow(path):
+  """Lines of `path` that import TensorFlow, in any form."""
+  tree = ast.parse(open(path, encoding='utf-8').read())
+  return [node.lineno for node in ast.walk(tree)
+          if isinstance(node, ast.Import) and any(
+              a.name.split('.')[0] == 'tensorflow' for a in node.names)
+          or isinstance(node, ast.ImportFrom)
+          and (node.module or '').split('.')[0] == 'tensorflow']
+
+
+def test_nothing_the_jax_programs_trace_calls_tensorflow():
+  found = {m: _uses_tensorflow(MODULES[m]) for m in TRACED_BY_JAX}
+  assert not {m: lines for m, lines in found.items() if lines}
+  # The list keeps up with what the programs import from training/.
+  traced = set(TRACED_BY_JAX)
+  for module in ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
+                 'pipeline.backends.jax.trainer'):
+    assert {m for m in _imports(MODULES[module])
+            if m.startswith('pipeline.training.')} <= traced, module
+
+
+def test_the_tensorflow_check_finds_an_import(tmp_path):
+  bad = tmp_path / 'schedule.py'
+  bad.write_text('import keras\n\ndef f(step):\n  import tensorflow as tf\n'
+                 '  return tf.floor(step)\n')
+  assert _uses_tensorflow(str(bad)) == [4]
+  bad.write_text('from tensorflow import math\n')
+  assert _uses_tensorflow(str(bad)) == [1]
+
+
+def test_a_private_module_is_imported_only_with_the_reason():
+  """Keras' and JAX's private modules change without notice: each import
+  of one says, just above it, why no public API serves."""
+  private = re.compile(r'^\s*((from|import) (keras\.src|jax\._src|jaxlib\._)'
+                       r'|from (keras|jax|jaxlib)[\w.]* import _)')
+  unexplained = []
+  for module, path in MODULES.items():
+    lines = open(path, encoding='utf-8').read().splitlines()
+    for number, line in enumerate(lines):
+      if private.match(line) and not any(
+          'Private, as no public API' in above
+          for above in lines[max(number - 4, 0):number]):
+        unexplained.append(f'{module}:{number + 1}: {line.strip()}')
+  assert not unexplained
+
+
 def test_every_package_says_what_lives_there():
   packages = [m for m, p in MODULES.items() if p.endswith('__init__.py')
               and m.startswith('pipeline')]
@@ -141,21 +197,63 @@ def test_the_tree_shows_the_roles():
   assert not flat
 
 
+def _check_members(protocol, implementations):
+  """Every member `protocol` declares (methods, properties, attributes) is
+  on each of `implementations` ({name: class or object}), methods with
+  the same parameters; returns how many members were declared."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  declared = {name: member for name, member in vars(protocol).items()
+              if not name.startswith('_')}
+  declared.update(dict.fromkeys(protocol.__annotations__))
+  for name, implementation in implementations.items():
+    fields = getattr(implementation, '__dataclass_fields__', {})
+    for member, function in declared.items():
+      assert hasattr(implementation, member) or member in fields, (
+          name, member)
+      if inspect.isfunction(function):
+        theirs = inspect.signature(getattr(implementation, member))
+        ours = list(inspect.signature(function).parameters)
+        assert list(theirs.parameters) in (ours, ours[1:]), (name, member)
+  return len(declared)
+
+
+def test_both_trainers_implement_the_whole_interface():
+  """The loop, the evaluator, the benchmark and the export call a trainer
+  through interface.Trainer only."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from pipeline.backends import interface  # pylint: disable=g-import-not-at-top
+  trainers = {}
+  for name in ('tensorflow', 'jax'):
+    try:
+      trainers[name] = importlib.import_module(
+          f'pipeline.backends.{name}.trainer').Trainer
+    except ImportError:  # JAX is not installed in this environment.
+      pytest.importorskip(name)
+      raise
+  assert _check_members(interface.Trainer, trainers) >= 14
+
+
 def test_both_backends_implement_the_whole_interface():
   """backends/interface.py is what the rest of the library calls: every
   member it declares exists on both backends, with the same parameters."""
-  import inspect  # pylint: disable=g-import-not-at-top
   from pipeline import backends  # pylint: disable=g-import-not-at-top
   from pipeline.backends import interface  # pylint: disable=g-import-not-at-top
-  declared = {name: member for name, member in vars(interface.Backend).items()
-              if not name.startswith('_')}
-  declared.update(dict.fromkeys(interface.Backend.__annotations__))
-  assert len(declared) >= 12
-  for name in backends.BACKENDS[1:]:
-    backend = backends.load(name)
-    for member, function in declared.items():
-      assert hasattr(backend, member), (name, member)
-      if callable(function):
-        assert (list(inspect.signature(getattr(backend, member)).parameters)
-                == list(inspect.signature(function).parameters)[1:]), (
-                    name, member)
+  assert _check_members(interface.Backend, {
+      name: backends.load(name) for name in backends.BACKENDS[1:]}) >= 12
+
+
+class _Partial:
+  """A trainer without step_cost, with train taking other parameters."""
+  model = ema = num_classes = step = skipped_steps = loss_scale = None
+
+  def train(self, batches, num_steps):
+    del batches, num_steps
+
+
+def test_the_interface_check_finds_a_missing_member_and_other_parameters():
+  from pipeline.backends import interface  # pylint: disable=g-import-not-at-top
+  with pytest.raises(AssertionError, match="'learning_rate'"):
+    _check_members(interface.Trainer, {'partial': _Partial})
+  _Partial.learning_rate = lambda self: 0.0
+  with pytest.raises(AssertionError, match="'train'"):
+    _check_members(interface.Trainer, {'partial': _Partial})

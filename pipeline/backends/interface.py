@@ -52,7 +52,6 @@ class Trainer(Protocol):
     """SHA-256 of every weight: equal digests mean equal models."""
 
   def checkpoint_files(self, directory: str, max_to_keep: int,
-                       io_device: Optional[str] = None,
                        written_as: Optional[str] = None):
     """The local layer of pipeline.storage.checkpoint.Checkpointer: save,
     latest, paths, restore. `written_as`: the format of a run trained on

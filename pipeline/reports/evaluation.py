@@ -74,7 +74,7 @@ class Evaluator:
         plan.workdir, config.keep_checkpoints, is_chief=False,
         if_missing={'ema': lambda path: trainer.ema.reset()},
         files=functools.partial(
-            trainer.checkpoint_files, io_device=plan.io_device,
+            trainer.checkpoint_files,
             written_as=written_as or plan.backend.checkpoint_format))
     batch = plan.global_batch_size
     self.dataset = inputs.eval_batches(config, plan)

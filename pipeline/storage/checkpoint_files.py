@@ -29,6 +29,9 @@ import re
 
 import h5py
 import keras
+# Private, as no public API serves: keras.Model.save_weights calls
+# saving_lib.save_weights_only, but on a Model, which files its parts under
+# 'layers/' where these files (since the first JAX runs) hold them at the top.
 from keras.src.saving import saving_lib
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2

@@ -6,7 +6,6 @@ hands each to the periodic actions (progress, checkpoints, evaluation,
 preemption), then evaluates, exports and writes metrics.json.
 """
 
-import functools
 import time
 
 from absl import logging
@@ -141,8 +140,7 @@ def _checkpointers(config, plan, trainer):
   def checkpointer_of(series, keep):
     return Checkpointer(workdir, keep, hardware.is_chief, series=series,
                         if_missing={'ema': start_average_here},
-                        files=functools.partial(trainer.checkpoint_files,
-                                                io_device=plan.io_device))
+                        files=trainer.checkpoint_files)
 
   keep_best = (actions.KeepBest(config.keep_best_metric,
                                 checkpointer_of('checkpoints_best', 1),

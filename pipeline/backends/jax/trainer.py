@@ -209,14 +209,12 @@ class Trainer:
       digest.update(np.ascontiguousarray(np.asarray(weight.value)).tobytes())
     return digest.hexdigest()
 
-  def checkpoint_files(self, directory, max_to_keep, io_device=None,
+  def checkpoint_files(self, directory, max_to_keep,
                        written_as=checkpoint_files.KERAS):
     """The local layer of this run's checkpoints: Keras' files of the
     state, written back before each save and read back after each restore;
     or another format's (a run trained on TensorFlow), read into the model,
-    the step and the moving average (evaluating needs no optimizer).
-    `io_device` is a TPU Node's, which JAX never drives."""
-    del io_device
+    the step and the moving average (evaluating needs no optimizer)."""
     read_back = lambda missing: self.read_back()
     ema = {'ema': self.ema.variables} if self.ema else {}
     if written_as != checkpoint_files.KERAS:

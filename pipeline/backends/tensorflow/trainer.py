@@ -51,6 +51,7 @@ class Trainer:
   frozen_train_fn: object = None
   input_files: tuple = ()  # DALI's: named if it cannot decode a record.
   cost: object = None  # () -> step_cost's dict.
+  io_device: Optional[str] = None  # Plan.io_device: a TPU Node's files.
 
   def trackables(self):
     """What a checkpoint of this run holds, by name."""
@@ -60,14 +61,14 @@ class Trainer:
       found['ema'] = self.ema.trackable
     return found
 
-  def checkpoint_files(self, directory, max_to_keep, io_device=None,
+  def checkpoint_files(self, directory, max_to_keep,
                        written_as=checkpoint_files.TENSORFLOW):
     """The local layer of this run's checkpoints: TensorFlow's own, or
     another format's (a run trained on JAX), read into the model, the step
     and the moving average (evaluating needs no optimizer)."""
     if written_as == checkpoint_files.TENSORFLOW:
       return checkpoint_files.TensorFlowFiles(self.trackables(), directory,
-                                              max_to_keep, io_device)
+                                              max_to_keep, self.io_device)
     step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
     parts = dict(model=self.model, step=step)
     if self.ema:
@@ -216,7 +217,8 @@ def _build(config, plan):
                                   else None),
                  input_files=(dali.input_files(config)
                               if plan.input_pipeline == dali.DALI else ()),
-                 cost=lambda: step_cost(config, plan))
+                 cost=lambda: step_cost(config, plan),
+                 io_device=plan.io_device)
 
 
 def _input_checks(config, plan):
@@ -244,6 +246,8 @@ def step_cost(config, plan):
   strategy, whose variables live on one device (the run's may be mirrored
   over several)."""
   try:
+    # Private, as no public API of JAX analyses an HLO module it did not
+    # trace itself (TensorFlow's, here).
     import jax  # pylint: disable=g-import-not-at-top
     from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
     from jaxlib import _hlo  # pylint: disable=g-import-not-at-top
