@@ -99,7 +99,7 @@ def get_config():
   # Where XLA's compiled programs are kept across runs: '' a per-user folder
   # on a GPU or TPU (off on a CPU), 'off', or a local folder (any device).
   # Read as TensorFlow loads, so give it on the command line
-  # (pipeline/run/compile_cache.py).
+  # (pipeline/rules/compile_cache.py).
   config.compile_cache_dir = ''
   config.log_every_steps = 50
   config.checkpoint_every_steps = 200

@@ -41,7 +41,7 @@ from pipeline.reports import benchmark
 from pipeline.reports import benchmark_report
 from pipeline.data import dali
 from pipeline.run import plan
-from pipeline.run import saved_policy
+from pipeline.reports import saved_measurements
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 
@@ -60,9 +60,9 @@ _POLICIES = cli.define_policy_list(
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'With --policies on a GPU: keep the fastest policy '
     'for this GPU model and software, so --policy=auto takes it there '
-    '(pipeline/run/saved_policy.py). With --backends=tensorflow,jax: keep '
+    '(pipeline/rules/saved_policy.py). With --backends=tensorflow,jax: keep '
     'the faster backend and its policy, so --backend=auto takes them '
-    '(pipeline/backends/measured.py). With --input_only on TFRecord files: '
+    '(pipeline/rules/measured.py). With --input_only on TFRecord files: '
     'keep tf.data\'s and DALI\'s images/s, so --config.input_pipeline=auto '
     'takes the faster (pipeline/data/dali.py).')
 _XLA_SETTINGS = flags.DEFINE_list(
@@ -92,12 +92,12 @@ def main(argv):
   try:
     request = cli.request(config, workdir_default=False)
     if _BACKENDS.value:
-      gpu = saved_policy.gpu_to_save_for(_SAVE_POLICY.value, _BACKENDS.value)
+      gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value, _BACKENDS.value)
       result = benchmark.across_backends(_BACKENDS.value, _child_args())
       text = benchmark_report.backends_table(result)
       failed = benchmark.failed_backends(result)
       if gpu and not failed:
-        text += '\n' + saved_policy.save_backends(result, gpu)
+        text += '\n' + saved_measurements.save_backends(result, gpu)
     elif _POLICIES.value:
       hardware = plan.find_hardware(request)
       if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
@@ -108,7 +108,7 @@ def main(argv):
                                hardware)
       text = benchmark_report.sweep_table(result)
       if _SAVE_POLICY.value:
-        text += '\n' + saved_policy.save_sweep(result)
+        text += '\n' + saved_measurements.save_sweep(result)
     else:
       resolved = plan.resolve(config, request)
       gpu = resolved.hardware.gpu_name

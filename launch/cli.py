@@ -16,11 +16,11 @@ from ml_collections import config_flags
 import tensorflow as tf
 
 from pipeline import backends
-from pipeline.run import precision
-from pipeline.run import validation
+from pipeline.rules import precision
+from pipeline.rules import validation
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.run import request as request_lib
+from pipeline.rules import request as request_lib
 
 
 def _config_path(argv):

@@ -17,8 +17,9 @@ from conftest import run_train
 from conftest import tiny_args
 from pipeline.backends.tensorflow import compile_cache as tf_compile_cache
 from pipeline import backends
-from pipeline.run import compile_cache
 from pipeline.errors import UserError
+from pipeline.rules import compile_cache
+from pipeline.run import environment
 
 # A process that prepares as a launcher does (the project's own code), then
 # runs one XLA-compiled function.
@@ -98,8 +99,8 @@ def test_a_folder_that_cannot_be_written_turns_the_cache_off(tmp_path,
   blocker = tmp_path / 'file'
   blocker.write_text('not a folder')
   environ = {}
-  settings = compile_cache.prepare(str(blocker / 'xla'), environ=environ,
-                                   gpus=[], software='tf-test')
+  settings = environment.prepare_compile_cache(
+      str(blocker / 'xla'), environ=environ, gpus=[], software='tf-test')
   assert settings.directory is None
   assert settings.describe().startswith(
       f'no compile cache (compile cache off: cannot write {blocker}/xla')

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from conftest import REPO
-from pipeline.training import models
-from pipeline.run import validation
+from pipeline.recipe import models
+from pipeline.rules import validation
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in
                  glob.glob(os.path.join(REPO, 'configs', '*.py'))

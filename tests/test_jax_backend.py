@@ -37,7 +37,7 @@ from conftest import wait_until_gone
 pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
                     'environment (requirements-jax-test.txt)')
 
-from pipeline.run import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.rules import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
 

@@ -109,9 +109,9 @@ def test_modules_and_functions_stay_readable(module):
 # TensorFlow op there fails only when JAX traces it, mid-run
 # (TracerArrayConversionError); keras.ops runs on either backend.
 TRACED_BY_JAX = ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
-                 'pipeline.training.models', 'pipeline.training.objective',
-                 'pipeline.training.optimizers',
-                 'pipeline.training.moving_average')
+                 'pipeline.recipe.models', 'pipeline.recipe.objective',
+                 'pipeline.recipe.optimizers',
+                 'pipeline.recipe.moving_average')
 
 
 def _uses_tensorflow(path):
@@ -132,7 +132,7 @@ def test_nothing_the_jax_programs_trace_calls_tensorflow():
   for module in ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
                  'pipeline.backends.jax.trainer'):
     assert {m for m in _imports(MODULES[module])
-            if m.startswith('pipeline.training.')} <= traced, module
+            if m.startswith('pipeline.recipe.')} <= traced, module
 
 
 def test_the_tensorflow_check_finds_an_import(tmp_path):
@@ -175,7 +175,7 @@ def test_the_backends_package_loads_without_tensorflow_jax_or_keras():
   import sys  # pylint: disable=g-import-not-at-top
   loaded = subprocess.run(
       [sys.executable, '-c',
-       'import sys\nfrom pipeline import backends\nfrom pipeline.run import '
+       'import sys\nfrom pipeline import backends\nfrom pipeline.rules import '
        'compile_cache\nfor name in backends.BACKENDS[1:]:\n'
        '  backends.load(name).software()\n'
        "print(sorted({m.split('.')[0] for m in sys.modules} & "
@@ -185,16 +185,45 @@ def test_the_backends_package_loads_without_tensorflow_jax_or_keras():
 
 
 def test_the_tree_shows_the_roles():
+  import pipeline  # pylint: disable=g-import-not-at-top
   folders = collections.Counter(
       m.split('.')[1] for m in MODULES if m.startswith('pipeline.')
       and m.count('.') >= 2)
-  assert set(folders) == {'backends', 'data', 'reports', 'run', 'storage',
-                          'training'}
+  assert set(folders) | {'errors'} == set(pipeline.FLOORS)
   flat = [m for m in MODULES if m.startswith('pipeline.') and m.count('.') == 1
-          and m not in ('pipeline.errors', 'pipeline.backends', 'pipeline.data',
-                        'pipeline.reports', 'pipeline.run', 'pipeline.storage',
-                        'pipeline.training')]
+          and m.split('.')[1] not in pipeline.FLOORS]
   assert not flat
+
+
+def _room(module):
+  """The floor a module stands on: its folder under pipeline/ (errors.py
+  is one), or 'launch'."""
+  parts = module.split('.')
+  return 'launch' if parts[0] == 'launch' else parts[1]
+
+
+def _climbs(graph, floors):
+  """Imports that run up `floors` (bottom first; launch on top)."""
+  order = {room: level for level, room in enumerate((*floors, 'launch'))}
+  return sorted(f'{module} imports {imported}'
+                for module, imports in graph.items() for imported in imports
+                if module != 'pipeline' and imported != 'pipeline'
+                and order[_room(imported)] > order[_room(module)])
+
+
+def test_every_import_points_down_the_floors():
+  """pipeline/__init__.py states the floors; no import climbs them."""
+  import pipeline  # pylint: disable=g-import-not-at-top
+  graph = {module: _imports(path) for module, path in MODULES.items()}
+  assert not _climbs(graph, pipeline.FLOORS)
+
+
+def test_the_floor_check_finds_a_climb():
+  import pipeline  # pylint: disable=g-import-not-at-top
+  graph = {'pipeline.rules.precision': {'pipeline.recipe.optimizers'},
+           'pipeline.recipe.optimizers': {'pipeline.rules.precision'}}
+  assert _climbs(graph, pipeline.FLOORS) == [
+      'pipeline.rules.precision imports pipeline.recipe.optimizers']
 
 
 def _check_members(protocol, implementations):

@@ -15,7 +15,7 @@ import tensorflow as tf
 from pipeline.data import augment
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.training import finetune
-from pipeline.training import models
+from pipeline.recipe import models
 from pipeline.backends.tensorflow import steps
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.storage.workdirs import Workdir

@@ -21,12 +21,12 @@ from conftest import stopped_at_one_step
 from configs import default
 from pipeline import backends
 from pipeline.backends.tensorflow import devices as tf_devices
-from pipeline.run import hardware
+from pipeline.rules import hardware
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
-from pipeline.run import request as request_lib
-from pipeline.run import schedule
+from pipeline.rules import request as request_lib
+from pipeline.rules import schedule
 
 
 def _free_port():

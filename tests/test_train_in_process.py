@@ -21,12 +21,12 @@ import tensorflow as tf
 from conftest import check_tflite_agrees_with_the_saved_model
 from configs import default
 from pipeline.reports import compare_report
-from pipeline.run import hardware as devices
+from pipeline.rules import hardware as devices
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
 from pipeline.training import loop
 from pipeline.errors import UserError
-from pipeline.run import request as request_lib
+from pipeline.rules import request as request_lib
 
 
 def _config(tfds_dir, **fields):

@@ -5,7 +5,7 @@ environment); skipped elsewhere. A Dense model compiles in seconds, so
 these check the arithmetic exactly: one SGD step over two devices is one
 step over the whole batch, micro-batches sum to the whole batch, the loop
 runs exactly the steps asked for, the moving average warms up as
-training/moving_average.py says, and training lowers the loss.
+recipe/moving_average.py says, and training lowers the loss.
 """
 
 import os

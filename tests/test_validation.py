@@ -16,8 +16,8 @@ from configs import default
 from conftest import REPO
 from conftest import run_module
 from pipeline.reports import evaluation
-from pipeline.training import models
-from pipeline.run import validation
+from pipeline.recipe import models
+from pipeline.rules import validation
 from pipeline.errors import UserError
 
 

@@ -11,7 +11,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from pipeline.training import models
+from pipeline.recipe import models
 from conftest import xla_on_cpu
 from pipeline.backends.tensorflow import steps
 

@@ -7,9 +7,8 @@ mesh, the compiled programs, what precision, XLA and the compile cache mean
 there, the checkpoint format it writes, the profiler and the LiteRT writer.
 The rest of the library reads `plan.backend` and calls the interface; only
 this package names a backend. The backends never import each other; they
-may import pipeline.errors, run/ (hardware, precision, stopping), data/
-(decode), training/ (models, optimizers, objective, moving_average) and
-storage/ (checkpoint_files).
+import what lies below them: recipe/ (what they compile), rules/, data/,
+storage/ and pipeline.errors. litert.py writes LiteRT for both.
 
 Keras reads its backend once, as it is imported, so the launchers call
 `prepare(argv)` (through environment.prepare) before anything imports
@@ -24,55 +23,21 @@ supports JAX and PyTorch only. There `auto` picks Keras' JAX backend, with
 TensorFlow's CPU build still feeding tf.data.
 """
 
-import glob
 import importlib
-import importlib.metadata
-import importlib.util
 import os
-import re
 
-from pipeline.backends import measured
 from pipeline.errors import UserError
+from pipeline.rules import measured
+# What this machine has, read without loading TensorFlow or JAX; the
+# backends call them as backends.installed(...) and so on.
+from pipeline.rules.probes import gpu_models  # pylint: disable=unused-import
+from pipeline.rules.probes import installed
+from pipeline.rules.probes import jax_installed
+from pipeline.rules.probes import tpu_attached
 
 BACKENDS = ('auto', 'tensorflow', 'jax')
 JAX_REQUIREMENTS = 'requirements-jax.txt'
-# What a TPU VM's chips show up as: /dev/accel* (v2 to v4), vfio (v5e on).
-_TPU_DEVICE_FILES = ('/dev/accel0', '/dev/vfio/0')
-_NVIDIA_GPUS = '/proc/driver/nvidia/gpus/*/information'
 _chosen = {}
-
-
-def installed(distribution):
-  """The installed version of a pip distribution, or None."""
-  try:
-    return importlib.metadata.version(distribution)
-  except importlib.metadata.PackageNotFoundError:
-    return None
-
-
-def jax_installed():
-  return importlib.util.find_spec('jax') is not None
-
-
-def tpu_attached():
-  """Whether this host has TPU chips (a TPU VM or a Colab TPU runtime)."""
-  return any(os.path.exists(p) for p in _TPU_DEVICE_FILES) or bool(
-      glob.glob('/dev/accel*'))
-
-
-def gpu_models():
-  """The NVIDIA GPU models the driver lists, read without loading CUDA."""
-  models = set()
-  for path in glob.glob(_NVIDIA_GPUS):
-    try:
-      with open(path, encoding='utf-8', errors='replace') as f:
-        models.update(m.group(1).strip() for m in re.finditer(
-            r'^Model:\s*(.+)$', f.read(), re.M))
-    except OSError:
-      continue
-  if not models and os.path.exists('/dev/nvidia0'):
-    models.add('NVIDIA GPU')
-  return sorted(models)
 
 
 def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None,

@@ -21,9 +21,9 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.data import inputs
 from pipeline.reports import export
-from pipeline.run import stopping
+from pipeline.rules import stopping
 from pipeline.storage import workdirs
-from pipeline.run import validation
+from pipeline.rules import validation
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.errors import UserError
 

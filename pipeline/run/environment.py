@@ -6,6 +6,7 @@ their first lines, before anything imports TensorFlow.
 
 import argparse
 import atexit
+import logging
 import os
 import re
 import subprocess
@@ -13,8 +14,8 @@ import sys
 import threading
 
 from pipeline import backends
-from pipeline.run import compile_cache
-from pipeline.run import stopping
+from pipeline.rules import compile_cache
+from pipeline.rules import stopping
 from pipeline.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +53,7 @@ QUIET = re.compile('|'.join([
     # XLA's GPU autotuner, timing kernels on a busy GPU.
     r'cuda_timer\.cc:\d+\] Delay kernel timed out',
     # TensorFlow tries text before binary when it loads a compiled program
-    # from the compile cache (pipeline/run/compile_cache.py).
+    # from the compile cache (pipeline/rules/compile_cache.py).
     r'text_format\.cc:\d+\] Error parsing text-format '
     r'tensorflow\.XlaSerializedCacheEntry',
     # A damaged or odd image: TensorFlow's JPEG decoder, and libjpeg's and
@@ -84,11 +85,11 @@ def requested_policy(argv):
 def prepare(argv):
   """Sets TensorFlow's and Keras' load-time switches for the run `argv`
   asks for; a one-line exit for a backend that cannot run. From here on,
-  SIGTERM and Ctrl-C end the process in one line (pipeline/run/stopping.py)."""
+  SIGTERM and Ctrl-C end the process in one line (pipeline/rules/stopping.py)."""
   stopping.install()
   try:
     backends.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
-    compile_cache.prepare(_flag(argv, 'config.compile_cache_dir'))
+    prepare_compile_cache(_flag(argv, 'config.compile_cache_dir'))
   except UserError as e:
     sys.exit(f'error: {e}')
   # Warnings and errors from TensorFlow's C++ side; its INFO lines are noise.
@@ -147,6 +148,46 @@ for line in sys.stdin.buffer:
     except OSError:
       pass  # The terminal is gone; keep draining, so the run never blocks.
 """
+
+
+def prepare_compile_cache(setting, environ=None, gpus=None, software=None):
+  """Chooses and sets up this process's cache in `environ` (os.environ
+  unless given), before TensorFlow or JAX load; returns the Settings, also
+  kept for `chosen`. `gpus` and `software` stand in for this machine's
+  (tests); None looks."""
+  environ = os.environ if environ is None else environ
+  backend, _ = backends.chosen()
+  gpus = backends.gpu_models() if gpus is None else gpus
+  settings = compile_cache.choose(setting or '', backend, environ, gpus,
+                    bool(gpus) or backends.tpu_attached(),
+                    software or backend.software())
+  if settings.environment:
+    problem = _usable(settings.directory)
+    if problem:
+      settings = compile_cache.Settings(settings.setting, None, problem)
+    else:
+      environ.update(settings.environment)
+  if settings.directory:
+    backend.check_compile_cache(settings.directory)
+  compile_cache.keep(settings)
+  return settings
+
+
+def _usable(folder):
+  """Why `folder` cannot hold the cache, or None: TensorFlow fails the
+  compile, not just the save, when it cannot write an entry."""
+  probe = os.path.join(folder, f'.probe-{os.getpid()}')
+  try:
+    os.makedirs(folder, exist_ok=True)
+    with open(probe, 'w', encoding='utf-8') as f:
+      f.write('ok')
+    os.remove(probe)
+    return None
+  except OSError as e:
+    line = (f'compile cache off: cannot write {folder} ({e.strerror}); set '
+            '--config.compile_cache_dir=DIR or =off')
+    logging.warning('%s', line)
+    return line
 
 
 def filter_native_stderr(noise=NATIVE_NOISE):

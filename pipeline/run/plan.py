@@ -19,15 +19,15 @@ from pipeline.data import cache as cache_lib
 from pipeline.data import dali
 from pipeline.data import sources
 from pipeline.errors import UserError
-from pipeline.run import compile_cache as compile_cache_lib
-from pipeline.run import hardware as hardware_lib
-from pipeline.run import precision
-from pipeline.run import saved_policy
-from pipeline.run import schedule
-from pipeline.run import validation
+from pipeline.rules import compile_cache as compile_cache_lib
+from pipeline.rules import hardware as hardware_lib
+from pipeline.rules import precision
+from pipeline.rules import saved_policy
+from pipeline.rules import schedule
+from pipeline.rules import validation
 from pipeline.storage import workdirs
-from pipeline.training import finetune
-from pipeline.training import models
+from pipeline.rules import init_from
+from pipeline.recipe import models
 
 # Fields that must match for a workdir's checkpoints to be restorable.
 RUN_IDENTITY = ('dataset', 'model', 'image_size')
@@ -177,7 +177,7 @@ class Plan:
            'count updates)' if accumulation > 1 else '')
         + (f'; moving average {ema_decay:g} (evaluated and exported)'
            if ema_decay else '; no moving average')
-        + f'; {finetune.describe(config.init_from)}'
+        + f'; {init_from.describe(config.init_from)}'
         + (f', backbone frozen for the first {self.frozen_steps} steps'
            if self.frozen_steps else ''))
 
@@ -223,7 +223,7 @@ def resolve(config, request, hardware=None):
       source=source, steps_per_epoch=steps_per_epoch,
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
       cache=cache, cache_reason=cache_reason,
-      frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
+      frozen_steps=init_from.frozen_steps(config, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir)
@@ -273,7 +273,7 @@ def _open_workdir(config, request, hardware, backend):
     workdir.check()  # For gs://: bucket exists and takes a write, or one line.
     if not _check_same_run(workdir, config,
                            backend if request.trains else None):
-      finetune.check_source(config, request.staging_dir)
+      init_from.check_source(config, request.staging_dir)
   return workdir
 
 

@@ -26,57 +26,13 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.run import validation
+from pipeline.rules import init_from as init_from_lib
+from pipeline.rules import validation
 from pipeline.storage import checkpoint_files
 from pipeline.storage import workdirs
 from pipeline.storage.checkpoint import Checkpointer
-from pipeline.training import models
-from pipeline.training import moving_average
-
-_WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')
-
-
-def check_source(config, staging_dir):
-  """For a run that starts now: a one-line UserError if `init_from` names a
-  weights file that is not there, or a folder that holds no run of this
-  model (found before anything is built, so --dry_run says so too)."""
-  init_from = config.init_from
-  if not init_from or init_from == 'imagenet':
-    return
-  if _WEIGHTS_FILE.search(init_from):
-    if not tf.io.gfile.exists(init_from):
-      raise UserError(f'init_from={init_from!r}: no such weights file; '
-                      "accepted: imagenet, a .h5 weights file of the model's "
-                      'headless network, or the workdir of another run')
-    return
-  _source_run(config, init_from, staging_dir)
-
-
-def _source_run(config, url, staging_dir):
-  """(Workdir, run.json) of the run `init_from` names, checked."""
-  workdir = workdirs.Workdir(url, os.path.join(staging_dir, 'init_from'))
-  saved = workdir.read_json('run.json')
-  if not saved:
-    raise UserError(f'init_from={url!r} is not imagenet, a .h5 weights file '
-                    'or the workdir of a run (it has no run.json)')
-  theirs = saved['config']['model']
-  if theirs != config.model:
-    raise UserError(f'init_from={url!r} trained {theirs}, not '
-                    f'{config.model}; set --config.model={theirs} or start '
-                    'from another run')
-  return workdir, saved
-
-
-def describe(init_from):
-  """How the plan names where the first weights come from."""
-  if not init_from:
-    return 'random initial weights'
-  if init_from == 'imagenet':
-    return "backbone from keras.applications' ImageNet weights"
-  if _WEIGHTS_FILE.search(init_from):
-    return f'backbone from the weights file {init_from}'
-  return f'backbone from the run in {init_from}'
-
+from pipeline.recipe import models
+from pipeline.recipe import moving_average
 
 def load_backbone(config, model, staging_dir):
   """Loads `config.init_from` into `model`'s backbone; returns what it did."""
@@ -84,7 +40,7 @@ def load_backbone(config, model, staging_dir):
   target = models.backbone(model)
   if init_from == 'imagenet':
     source = _published(config)
-  elif _WEIGHTS_FILE.search(init_from):
+  elif init_from_lib.WEIGHTS_FILE.search(init_from):
     source = _from_file(config, init_from)
   else:
     return _from_run(config, init_from, target, staging_dir)
@@ -120,7 +76,7 @@ def published_file(model):
 
 
 def _from_file(config, path):
-  check_source(config, '')
+  init_from_lib.check_source(config, '')
   with tempfile.TemporaryDirectory() as folder:
     local = path
     if '://' in path:  # h5py reads local files only.
@@ -137,7 +93,7 @@ def _from_file(config, path):
 
 def _from_run(config, url, target, staging_dir):
   """The backbone of another run's newest committed checkpoint."""
-  workdir, saved = _source_run(config, url, staging_dir)
+  workdir, saved = init_from_lib.source_run(config, url, staging_dir)
   theirs = validation.complete(saved['config'], source=f'{url}/run.json')
   # Their head (their classes) is restored and dropped; only the backbone
   # is copied, at any image size (no weight depends on it).
@@ -174,7 +130,4 @@ def _reader(workdir, source, ema_decay, resolved):
                                   for v in ema.values]) if ema else None)
 
 
-def frozen_steps(config, steps_per_epoch):
-  """Steps that train the head alone."""
-  return int(round(config.freeze_backbone_epochs * steps_per_epoch))
-
+#END

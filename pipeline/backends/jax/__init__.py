@@ -12,7 +12,7 @@ import os
 
 from pipeline import backends
 from pipeline.errors import UserError
-from pipeline.run import compile_cache as compile_cache_lib
+from pipeline.rules import compile_cache as compile_cache_lib
 
 JAX_CACHE_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
 
@@ -84,8 +84,8 @@ class JaxBackend:
     return jax.profiler.start_trace, jax.profiler.stop_trace
 
   def write_tflite(self, weights, metadata, path, kind):
-    from pipeline.reports import export  # pylint: disable=g-import-not-at-top
-    export.convert_to_tflite_on_tensorflow(weights, metadata, path, kind)
+    from pipeline.backends import litert  # pylint: disable=g-import-not-at-top
+    litert.convert_to_tflite_on_tensorflow(weights, metadata, path, kind)
 
   def peak_device_memory(self, hardware):
     if hardware.device_kind == 'CPU':

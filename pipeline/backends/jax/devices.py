@@ -22,8 +22,8 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.run import hardware as hardware_lib
-from pipeline.run import stopping
+from pipeline.rules import hardware as hardware_lib
+from pipeline.rules import stopping
 
 _KINDS = {'tpu': 'TPU', 'gpu': 'GPU', 'cuda': 'GPU', 'rocm': 'GPU',
           'cpu': 'CPU'}
@@ -190,7 +190,7 @@ def resolve(request):
   _keep_tensorflow_off_the_gpus()
   _initialize_hosts()
   # jax.distributed's preemption notifier has just taken SIGTERM in native
-  # code: SIGTERM and Ctrl-C are the run's own (pipeline/run/stopping.py).
+  # code: SIGTERM and Ctrl-C are the run's own (pipeline/rules/stopping.py).
   stopping.reclaim()
   found = jax.devices()
   if request.gpus:

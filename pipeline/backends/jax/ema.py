@@ -1,4 +1,4 @@
-"""The moving average of the weights (training/moving_average.py) as a
+"""The moving average of the weights (recipe/moving_average.py) as a
 function of the JAX trainer's state: updated inside the compiled step,
 swapped into the model to evaluate and export."""
 
@@ -8,11 +8,11 @@ import jax.numpy as jnp
 
 from pipeline.backends.jax.programs import on_host
 from pipeline.storage import checkpoint_files
-from pipeline.training import moving_average
+from pipeline.recipe import moving_average
 
 
 class MovingAverage:
-  """The moving average (training/moving_average.py) as a function of the
+  """The moving average (recipe/moving_average.py) as a function of the
   JAX state."""
 
   def __init__(self, model, decay):

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from pipeline.training import models
-from pipeline.training import objective
+from pipeline.recipe import models
+from pipeline.recipe import objective
 
 
 def on_host(tree):

@@ -88,8 +88,8 @@ class TensorFlowBackend:
     return tf.profiler.experimental.start, tf.profiler.experimental.stop
 
   def write_tflite(self, weights, metadata, path, kind):
-    from pipeline.reports import export  # pylint: disable=g-import-not-at-top
-    export.convert_to_tflite(weights, metadata, path, kind)
+    from pipeline.backends import litert  # pylint: disable=g-import-not-at-top
+    litert.convert_to_tflite(weights, metadata, path, kind)
 
   def peak_device_memory(self, hardware):
     if hardware.device_kind not in ('GPU', 'TPU'):

@@ -21,9 +21,9 @@ from pipeline.backends.tensorflow import tpu_runtime
 from pipeline.data import dali
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.run import hardware as hardware_lib
-from pipeline.run import stopping
-from pipeline.run.hardware import Hardware
+from pipeline.rules import hardware as hardware_lib
+from pipeline.rules import stopping
+from pipeline.rules.hardware import Hardware
 
 _STRATEGY_NAMES = (
     (tf.distribute.MultiWorkerMirroredStrategy, 'MultiWorkerMirroredStrategy'),

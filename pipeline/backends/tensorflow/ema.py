@@ -1,4 +1,4 @@
-"""The moving average on TensorFlow (training/moving_average.py has the rule).
+"""The moving average on TensorFlow (recipe/moving_average.py has the rule).
 
 Not Keras 3's optimizer option `use_ema`: it averages trainable variables
 only, counts steps the loss scale skipped, and evaluates by overwriting the
@@ -18,7 +18,7 @@ import contextlib
 
 import tensorflow as tf
 
-from pipeline.training import moving_average
+from pipeline.recipe import moving_average
 
 
 class _Averages(tf.Module):

@@ -15,8 +15,8 @@ import functools
 import keras
 import tensorflow as tf
 
-from pipeline.training import objective
-from pipeline.training import optimizers
+from pipeline.recipe import objective
+from pipeline.recipe import optimizers
 
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -25,7 +25,7 @@ def gradient_function(model, optimizer, global_batch_size, num_classes,
                       label_smoothing, accumulation_steps=1,
                       l2_weight_decay=0.0):
   """Returns gradients(variables, images, labels) -> (scaled gradients,
-  loss, correct predictions) of one replica's batch (training/objective.py:
+  loss, correct predictions) of one replica's batch (recipe/objective.py:
   the loss, the labels, the L2 term).
 
   With `accumulation_steps` k > 1 the batch is cut into k micro-batches

@@ -26,10 +26,10 @@ from pipeline.data import decode
 from pipeline.data import tfrecords
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.run import precision
+from pipeline.rules import precision
 from pipeline.storage import checkpoint_files
-from pipeline.training import models
-from pipeline.training import optimizers
+from pipeline.recipe import models
+from pipeline.recipe import optimizers
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ import re
 import subprocess
 from typing import Optional
 
-from pipeline.backends import installed
+from pipeline.rules.probes import installed
 from pipeline.errors import UserError
 
 

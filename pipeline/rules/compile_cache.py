@@ -21,10 +21,8 @@ Importable without TensorFlow or JAX.
 """
 
 import dataclasses
-import logging
 import os
 
-from pipeline import backends
 from pipeline.errors import UserError
 from pipeline.storage import user_cache
 
@@ -80,47 +78,11 @@ def first_run(setting, keyed_by='software and GPU'):
           'GPU or TPU, later runs load')
 
 
-def prepare(setting, environ=None, gpus=None, software=None):
-  """Chooses and sets up this process's cache in `environ` (os.environ
-  unless given), before TensorFlow or JAX load; returns the Settings, also
-  kept for `chosen`. `gpus` and `software` stand in for this machine's
-  (tests); None looks."""
-  environ = os.environ if environ is None else environ
-  backend, _ = backends.chosen()
-  gpus = backends.gpu_models() if gpus is None else gpus
-  settings = choose(setting or '', backend, environ, gpus,
-                    bool(gpus) or backends.tpu_attached(),
-                    software or backend.software())
-  if settings.environment:
-    problem = _usable(settings.directory)
-    if problem:
-      settings = Settings(settings.setting, None, problem)
-    else:
-      environ.update(settings.environment)
-  if settings.directory:
-    backend.check_compile_cache(settings.directory)
-  _chosen[:] = [settings]
-  return settings
-
-
 def chosen():
-  """The Settings `prepare` chose in this process, or None if it did not
-  run (a test building a plan in process)."""
+  """The Settings run.environment chose in this process (`keep`), or None
+  if it did not run (a test building a plan in process)."""
   return _chosen[0] if _chosen else None
 
 
-def _usable(folder):
-  """Why `folder` cannot hold the cache, or None: TensorFlow fails the
-  compile, not just the save, when it cannot write an entry."""
-  probe = os.path.join(folder, f'.probe-{os.getpid()}')
-  try:
-    os.makedirs(folder, exist_ok=True)
-    with open(probe, 'w', encoding='utf-8') as f:
-      f.write('ok')
-    os.remove(probe)
-    return None
-  except OSError as e:
-    line = (f'compile cache off: cannot write {folder} ({e.strerror}); set '
-            '--config.compile_cache_dir=DIR or =off')
-    logging.warning('%s', line)
-    return line
+def keep(settings):
+  _chosen[:] = [settings]

@@ -10,7 +10,7 @@ is told not to sum them again (take_summed_gradients).
 import keras
 from keras import ops
 
-from pipeline.run import precision
+from pipeline.rules import precision
 
 
 class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -80,7 +80,7 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
 
 def optimizer_of_run(config, plan):
   """The run's optimizer and schedule, wrapped in a LossScaleOptimizer where
-  its policy computes in float16 (run/precision.py)."""
+  its policy computes in float16 (rules/precision.py)."""
   return precision.wrap_optimizer(
       make_optimizer(config, plan.peak_learning_rate, plan.total_steps,
                      plan.steps_per_epoch),

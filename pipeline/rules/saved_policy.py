@@ -15,8 +15,7 @@ model (load_xla): XLA there was never measured by this project.
 
 from absl import logging
 
-from pipeline import backends
-from pipeline.backends import measured
+from pipeline.rules import measured
 from pipeline.errors import UserError
 from pipeline.storage import user_cache
 
@@ -52,41 +51,6 @@ def save(sweep, gpu_name, software):
   target = path(gpu_name, software)
   user_cache.write_json(target, record)
   return target
-
-
-def save_sweep(sweep):
-  """Saves a GPU sweep's fastest policy for this software; the line that
-  says so."""
-  if not sweep['fastest']:
-    raise UserError('--save_policy: no policy was measured, nothing to keep')
-  software = backends.chosen()[0].software()
-  target = save(sweep, sweep['gpu_name'], software)
-  return (f'saved {sweep["fastest"]["policy"]} for {sweep["gpu_name"]} with '
-          f'{software}: --policy=auto takes it there ({target})')
-
-
-def gpu_to_save_for(save, names):
-  """The GPU model a --backends comparison will be saved for (None without
-  --save_policy), or a one-line UserError before anything is measured."""
-  if not save:
-    return None
-  if set(names) != set(backends.BACKENDS[1:]):
-    raise UserError('--save_policy with --backends keeps the faster of both: '
-                    '--backends=tensorflow,jax')
-  gpus = backends.gpu_models()
-  if not gpus:
-    raise UserError('--save_policy keeps a backend for a GPU model; this '
-                    'machine has no NVIDIA GPU')
-  return gpus[0]
-
-
-def save_backends(comparison, gpu_name):
-  """Saves the faster backend of a --backends comparison for this GPU and
-  both backends' software; the line that says so."""
-  software = backends.both_software()
-  record, target = measured.save(comparison, gpu_name, software)
-  return (f'saved {record["backend"]} ({record["policy"]}) for {gpu_name} '
-          f'with {software}: --backend=auto takes it there ({target})')
 
 
 def load(gpu_name, software):

@@ -63,7 +63,7 @@ def profile_window(text):
 def validate(config, num_replicas, model_names):
   """Raises a one-line UserError for the first field that cannot run.
 
-  `model_names`: the models pipeline/training/models.py builds (passed in, so this
+  `model_names`: the models pipeline/recipe/models.py builds (passed in, so this
   module stays importable without Keras).
   """
   _check_batch(config, num_replicas)
