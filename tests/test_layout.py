@@ -286,3 +286,23 @@ def test_the_interface_check_finds_a_missing_member_and_other_parameters():
   _Partial.learning_rate = lambda self: 0.0
   with pytest.raises(AssertionError, match="'train'"):
     _check_members(interface.Trainer, {'partial': _Partial})
+
+
+def test_the_notes_stay_short_and_the_readme_maps_the_code():
+  """BUILD_NOTES.md is a current record, not a history; README opens with
+  its contents, a map of the code (every floor of pipeline/) and the
+  flags, before the long sections."""
+  import pipeline  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'BUILD_NOTES.md'), encoding='utf-8') as f:
+    assert len(f.read().splitlines()) <= 400
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    readme = f.read()
+  headings = [line[3:] for line in readme.splitlines()
+              if line.startswith('## ')]
+  assert headings[:3] == ['Contents', 'The code, in one screen',
+                          'Flags and configs']
+  contents = readme.split('## Contents')[1].split('\n## ')[0]
+  assert [h for h in headings[1:] if f'[{h}](#' not in contents] == []
+  code_map = readme.split('## The code, in one screen')[1].split('\n## ')[0]
+  assert [floor for floor in pipeline.FLOORS
+          if not re.search(rf'\b{floor}(/|\.py)', code_map)] == []
