@@ -384,3 +384,23 @@ def test_a_failure_while_staging_is_raised_by_the_execution_that_takes_it():
   trainer.train(iterator, 2)
   with pytest.raises(StopIteration):
     trainer.train(iterator, 2)
+
+
+def test_a_jax_run_reports_its_accelerators_peak_memory_not_the_hosts(
+    monkeypatch):
+  """JAX's allocator counts a GPU's or TPU's peak (memory_stats); a CPU
+  counts none, and metrics.json falls back to the host's RSS. The device
+  is a stand-in here (this machine has no accelerator)."""
+  import types as types_lib  # pylint: disable=g-import-not-at-top
+  from pipeline import backends  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import metrics  # pylint: disable=g-import-not-at-top
+  backend = backends.load('jax')
+  cpu = types_lib.SimpleNamespace(device_kind='CPU')
+  assert backend.peak_device_memory(cpu) is None
+  assert metrics.peak_memory(backend, cpu)['peak_memory_kind'] == 'host RSS'
+  gpu = types_lib.SimpleNamespace(
+      memory_stats=lambda: {'peak_bytes_in_use': 12345})
+  monkeypatch.setattr(jax, 'local_devices', lambda: [gpu])
+  assert metrics.peak_memory(backend, types_lib.SimpleNamespace(
+      device_kind='GPU')) == {'peak_memory_bytes': 12345,
+                              'peak_memory_kind': 'GPU:0 device'}
