@@ -21,7 +21,6 @@ Importable without TensorFlow or JAX.
 """
 
 import dataclasses
-import os
 
 from pipeline.errors import UserError
 from pipeline.storage import user_cache

@@ -15,8 +15,6 @@ model (load_xla): XLA there was never measured by this project.
 
 from absl import logging
 
-from pipeline.rules import measured
-from pipeline.errors import UserError
 from pipeline.storage import user_cache
 
 

@@ -29,7 +29,6 @@ from pipeline.errors import first_line
 from pipeline.rules import init_from as init_from_lib
 from pipeline.rules import validation
 from pipeline.storage import checkpoint_files
-from pipeline.storage import workdirs
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
@@ -45,7 +44,7 @@ def load_backbone(config, model, staging_dir):
   else:
     return _from_run(config, init_from, target, staging_dir)
   target.set_weights(source.get_weights())
-  return describe(init_from)
+  return init_from_lib.describe(init_from)
 
 
 def _headless(config, weights):
