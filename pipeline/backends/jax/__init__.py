@@ -9,6 +9,7 @@ backend stays light.
 """
 
 import os
+import time
 
 from pipeline import backends
 from pipeline.errors import UserError
@@ -103,7 +104,6 @@ class _Repeated:
     self.batch, self.delay_s = batch, delay_s
 
   def __iter__(self):
-    import time  # pylint: disable=g-import-not-at-top
     while True:
       if self.delay_s:
         time.sleep(self.delay_s)

@@ -16,6 +16,7 @@ batch, as it would have been without staging.
 import collections
 import time
 
+import jax
 import numpy as np
 
 
@@ -73,5 +74,4 @@ class Staging:
 
 def _ready(outputs):
   """Whether every array of `outputs` is computed."""
-  import jax  # pylint: disable=g-import-not-at-top
   return all(leaf.is_ready() for leaf in jax.tree.leaves(outputs))

@@ -8,6 +8,8 @@ Checkpoints are tf.train.Checkpoint's files. Modules here import
 TensorFlow; this one does not, so the choice of backend stays light.
 """
 
+import time
+
 from pipeline import backends
 
 
@@ -58,7 +60,6 @@ class TensorFlowBackend:
   def repeated(self, hardware, images, labels, delay_s=0.0):
     """Through tf.data, cached: TensorFlow's distributed iterator copies
     each step's batch to the devices (prefetched, alongside the step)."""
-    import time  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     batch = len(images) * hardware.num_workers
 
