@@ -38,7 +38,7 @@ def main(argv):
       return
     loop.train_and_evaluate(config, plan)
   except UserError as e:
-    sys.exit(f'error: {e}')
+    stopping.exit_with(1, f'error: {e}')
   except Stopped as e:  # SIGTERM or Ctrl-C, its checkpoint committed.
     stopping.exit_after(e)
 

@@ -404,6 +404,63 @@ def test_two_hosts_stop_together_on_sigterm_and_resume(tfds_dir, tmp_path):
   assert log.count('] Run: ') == 3 and log.count('] Done: ') == 1
 
 
+def _engine_variables(port):
+  """What each launcher sets on its process `i` of two, on loopback."""
+  return {
+      # Kubeflow Trainer's jax-distributed runtime.
+      'JAX_COORDINATOR_ADDRESS': lambda i: {
+          'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port}',
+          'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': str(i)},
+      # XPK's GPU workloads.
+      'XPK (NNODES, NODE_RANK)': lambda i: {
+          'JAX_COORDINATOR_ADDRESS': '127.0.0.1',
+          'JAX_COORDINATOR_PORT': str(port + 1), 'NNODES': '2',
+          'NODE_RANK': str(i)},
+      # A JobSet's manifest: the rank is the indexed Job's completion index.
+      'a Kubernetes indexed Job (JOB_COMPLETION_INDEX)': lambda i: {
+          'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port + 2}',
+          'JAX_NUM_PROCESSES': '2', 'JOB_COMPLETION_INDEX': str(i)},
+      # A GKE TPU node pool (its coordinator port is JAX's fixed 8482).
+      'GKE TPU': lambda i: {
+          'TPU_PROCESS_ADDRESSES': '127.0.0.1:8471,127.0.0.1:8471',
+          'TPU_WORKER_ID': str(i)},
+  }
+
+
+def test_every_launchers_variables_join_two_processes(tmp_path, tfds_dir):
+  """The variables GKE, XPK, Kubeflow Trainer and an indexed Job inject,
+  set by the test: two dry runs per engine join on loopback and say how.
+  Then a host that never starts: the one that did stops in one line naming
+  the engine and the timeout, within it."""
+  started = []
+  for engine, variables in _engine_variables(_free_port()).items():
+    for i in range(2):
+      env = dict(os.environ, **variables(i))
+      started.append((engine, i, subprocess.Popen(
+          [sys.executable, '-m', 'launch.train', '--dry_run',
+           *_args(tmp_path / engine.split()[0], tfds_dir, devices=1)],
+          cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+          stderr=subprocess.PIPE, text=True)))
+  for engine, i, process in started:
+    output = process.communicate(timeout=600)[1]
+    assert process.returncode == 0, output[-3000:]
+    assert (f'2 replica(s) over 2 worker(s); 2 processes joined by {engine}, '
+            f'this is process {i}') in output, output[-3000:]
+
+  alone = dict(os.environ, JAX_INITIALIZATION_TIMEOUT_S='5',
+               **_engine_variables(_free_port())['XPK (NNODES, NODE_RANK)'](0))
+  began = time.monotonic()
+  result = subprocess.run(
+      [sys.executable, '-m', 'launch.train', '--dry_run',
+       *_args(tmp_path / 'alone', tfds_dir, devices=1)], cwd=REPO, env=alone,
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert ('error: could not join the other hosts through XPK (NNODES, '
+          'NODE_RANK) within 5 s (JAX_INITIALIZATION_TIMEOUT_S)') in \
+      result.stderr, result.stderr[-3000:]
+  assert time.monotonic() - began < 120
+
+
 def _free_port():
   import socket  # pylint: disable=g-import-not-at-top
   with socket.socket() as s:

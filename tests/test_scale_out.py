@@ -310,7 +310,7 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
   _, stderr = chief.communicate(timeout=300)
   waited_s = time.time() - killed_at
   assert chief.returncode != 0 and 'Traceback' not in stderr, stderr[-3000:]
-  assert 'error: another worker stopped or never answered' in stderr
+  assert 'error: another worker (TF_CONFIG) stopped or never answered' in stderr
   assert waited_s < 200, waited_s
 
   # Restart both, with a shorter schedule: they resume from the checkpoint.

@@ -57,7 +57,7 @@ def _cases(root, tfds_dir):
        None),
       ('JAX hosts on TensorFlow', [work, data, '--dry_run'],
        'JAX_COORDINATOR_ADDRESS joins hosts on the JAX backend; TensorFlow '
-       'workers join through TF_CONFIG', None),
+       'workers join through a Slurm job step or TF_CONFIG', None),
       ('JAX asked for, not installed', [work, data, '--dry_run',
                                         '--backend=jax'],
        '--backend=jax needs JAX, which is not installed; pip install -r '

@@ -29,6 +29,9 @@ class Hardware:
   gpu_compute_capability: Optional[tuple] = None
   gpu_name: Optional[str] = None  # The model, e.g. 'NVIDIA H100 80GB HBM3'.
   detail: str = ''
+  # The engine that joined this process to the others of its run, where
+  # there are any ('Slurm (job 7)': pipeline/rules/cluster.py).
+  cluster: str = ''
   # A TPU Node's workers (--tpu=NAME or grpc://) run on other hosts and read
   # only gs:// paths; a TPU VM's (--tpu=local) are this host.
   tpu_workers_remote: bool = False

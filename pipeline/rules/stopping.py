@@ -137,11 +137,17 @@ def _stop_now(signum):
 def exit_after(stopped):
   """Prints the Stopped line and ends the process with its status, within
   EXIT_BOUND_S whatever a thread or a library's teardown does."""
-  print(stopped, file=sys.stderr, flush=True)
-  timer = threading.Timer(EXIT_BOUND_S, os._exit, (stopped.exit_status,))
+  exit_with(stopped.exit_status, str(stopped))
+
+
+def exit_with(status, line):
+  """Prints `line` and ends the process with `status` within EXIT_BOUND_S:
+  jax.distributed's teardown waits minutes for a host that died."""
+  print(line, file=sys.stderr, flush=True)
+  timer = threading.Timer(EXIT_BOUND_S, os._exit, (status,))
   timer.daemon = True
   timer.start()
-  sys.exit(stopped.exit_status)
+  sys.exit(status)
 
 
 def wait(seconds):

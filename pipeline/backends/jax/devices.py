@@ -1,14 +1,18 @@
 """The hardware of a run on Keras' JAX backend: every device, data parallel.
 
-One process per host. On several hosts (a TPU pod slice, or processes
-given JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID)
-`jax.distributed.initialize` joins them first. The model is replicated on
+One process per host, or per GPU. On several hosts `jax.distributed`
+joins them first, through the engine that started them (Slurm, a TPU pod
+slice, Kubernetes: pipeline/rules/cluster.py). The model is replicated on
 every device of every host and each global batch is split along its first
 axis over them (Keras calls this DataParallel); each host's tf.data
 pipeline reads its own shard of the records and feeds its own devices.
 """
 
+import contextlib
 import os
+import re
+import sys
+import threading
 
 from absl import logging
 import jax
@@ -22,6 +26,7 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.errors import UserError
 from pipeline.errors import first_line
+from pipeline.rules import cluster as cluster_lib
 from pipeline.rules import hardware as hardware_lib
 from pipeline.rules import stopping
 
@@ -58,7 +63,8 @@ class DataParallel:
     """The element-wise sum of every host's `values` (numpy); every host
     calls it at the same step (a SIGTERM to one host stops all at one
     step)."""
-    gathered = multihost_utils.process_allgather(np.asarray(values))
+    with peers_lost_in_one_line():
+      gathered = multihost_utils.process_allgather(np.asarray(values))
     return np.asarray(gathered).reshape(-1, len(values)).sum(axis=0)
 
   def to_devices(self, host_arrays, stacked=False):
@@ -109,27 +115,91 @@ def _keep_tensorflow_off_the_gpus():
                     'GPU memory')
 
 
-def _initialize_hosts():
-  """Joins the other hosts, where there are any; before devices are used."""
-  address = os.environ.get('JAX_COORDINATOR_ADDRESS')
-  hostnames = os.environ.get('TPU_WORKER_HOSTNAMES', '')
+def _join_hosts():
+  """Joins this process to the other hosts of its run, where there are any,
+  before any device is used (pipeline/rules/cluster.py says who started
+  them); the Cluster, or None for a process alone."""
+  if jax.distributed.is_initialized():  # By its caller: a Ray actor.
+    return cluster_lib.Cluster('the caller (jax.distributed initialised)',
+                               jax.process_count(), jax.process_index())
+  found = cluster_lib.from_environment(os.environ)
+  gpus = cluster_lib.gpu_share(found, _visible_gpus())
+  timeout_s = int(os.environ.get('JAX_INITIALIZATION_TIMEOUT_S', '300'))
+  engine = found.engine if found else "JAX's cluster detection"
+  failed = (f'could not join the other hosts through {engine} within '
+            f'{timeout_s} s (JAX_INITIALIZATION_TIMEOUT_S): every host must '
+            'start the same command')
+  # JAX's client aborts the process (a native fatal error and a stack dump)
+  # when its own timeout passes; this one passes first, in one line.
+  watchdog = threading.Timer(timeout_s, _give_up, (f'error: {failed}',))
+  watchdog.daemon = True
+  watchdog.start()
   try:
-    if address:
+    if found and found.coordinator:
       jax.distributed.initialize(
-          coordinator_address=address,
-          num_processes=int(os.environ['JAX_NUM_PROCESSES']),
-          process_id=int(os.environ['JAX_PROCESS_ID']),
-          initialization_timeout=int(os.environ.get(
-              'JAX_INITIALIZATION_TIMEOUT_S', '300')))
-    elif ',' in hostnames:  # A TPU pod slice: JAX finds its peers itself.
-      jax.distributed.initialize()
-  except (KeyError, ValueError) as e:
-    raise UserError(f'JAX_COORDINATOR_ADDRESS={address} needs '
-                    'JAX_NUM_PROCESSES and JAX_PROCESS_ID (integers): '
-                    f'{first_line(e)}') from None
+          found.coordinator, found.num_processes, found.process_id,
+          local_device_ids=gpus, cluster_detection_method='deactivate',
+          initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
+    else:  # Open MPI, or what only JAX detects (a TPU VM's metadata).
+      jax.distributed.initialize(
+          local_device_ids=gpus,
+          initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
   except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f'could not join the other hosts through JAX '
-                    f'({type(e).__name__}: {first_line(e)})') from None
+    # JAX found no cluster either, or was in use before (a notebook, a
+    # test's process): a process alone.
+    if found is None and ('coordinator_address should be' in str(e) or
+                          'must be called before' in str(e)):
+      return None
+    raise UserError(f'{failed} ({type(e).__name__}: {first_line(e)})') \
+        from None
+  finally:
+    watchdog.cancel()
+  return found or cluster_lib.Cluster(
+      engine + ' (a Cloud TPU pod slice, or Kubernetes)',
+      jax.process_count(), jax.process_index())
+
+
+# What a collective or JAX's coordination service raises when another host
+# died: gloo's broken connections on CPUs, the service's codes elsewhere.
+_PEER_LOST = re.compile(r'Gloo|Connection reset|UNAVAILABLE|DEADLINE_EXCEEDED'
+                        r'|ABORTED|heartbeat|coordination service', re.I)
+# The engine that joined this process's hosts: set once they joined.
+_joined_by = []
+
+
+@contextlib.contextmanager
+def peers_lost_in_one_line():
+  """Turns what JAX raises when another host died or never answered into
+  one UserError line (multi-host runs only)."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as e:
+    if not _joined_by or not _PEER_LOST.search(str(e)):
+      raise
+    raise UserError(
+        f'another host ({_joined_by[-1]}) stopped or never answered '
+        f'({first_line(e)}); start every host again with the same command '
+        '(or resubmit the job) to resume from the last checkpoint') from None
+
+
+# JAX's own join timeout is this much later than the run's.
+_JAX_TIMEOUT_MARGIN_S = 30
+
+
+def _give_up(line):
+  """Ends a process whose hosts did not join, before JAX aborts it: nothing
+  of the run has been written yet."""
+  print(line, file=sys.stderr, flush=True)
+  os._exit(1)  # pylint: disable=protected-access
+
+
+def _visible_gpus():
+  """How many GPUs this process may see: CUDA_VISIBLE_DEVICES' entries
+  where it is set (Slurm sets it per task), else the driver's count."""
+  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  if visible is not None:
+    return len([entry for entry in visible.split(',') if entry.strip()])
+  return hardware_lib.nvidia_gpus()
 
 
 def unsupported_settings(request, environ=os.environ):
@@ -188,7 +258,9 @@ def resolve(request):
   if num_cpu_devices > 1:
     jax.config.update('jax_num_cpu_devices', num_cpu_devices)
   _keep_tensorflow_off_the_gpus()
-  _initialize_hosts()
+  cluster = _join_hosts()
+  if cluster:
+    _joined_by.append(cluster.joined_by())
   # jax.distributed's preemption notifier has just taken SIGTERM in native
   # code: SIGTERM and Ctrl-C are the run's own (pipeline/rules/stopping.py).
   stopping.reclaim()
@@ -218,6 +290,7 @@ def resolve(request):
       DataParallel(found), kind, num_workers=hosts,
       task_index=jax.process_index(), is_chief=jax.process_index() == 0,
       detail=detail, strategy_name='DataParallel',
+      cluster=cluster.joined_by() if cluster else '',
       **(gpu_fields(found[0]) if kind == 'GPU' else {}))
 
 

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline.backends.jax import devices
 from pipeline.backends.jax import ema as ema_lib
 from pipeline.backends.jax import programs
 from pipeline.backends.jax import staging as staging_lib
@@ -233,7 +234,8 @@ class Trainer:
   @contextlib.contextmanager
   def _errors_in_one_line(self):
     try:
-      yield
+      with devices.peers_lost_in_one_line():
+        yield
     except jax.errors.JaxRuntimeError as e:
       if 'RESOURCE_EXHAUSTED' in str(e):
         raise UserError(self.out_of_memory) from None

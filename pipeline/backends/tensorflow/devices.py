@@ -1,7 +1,7 @@
 """TensorFlow's hardware: the tf.distribute strategy that matches it.
 
-One place decides: a Cloud TPU (TPUStrategy), several machines (TF_CONFIG ->
-MultiWorkerMirroredStrategy), several GPUs or logical CPUs
+One place decides: a Cloud TPU (TPUStrategy), several machines (TF_CONFIG,
+or a Slurm job step -> MultiWorkerMirroredStrategy), several GPUs or logical CPUs
 (MirroredStrategy), or one device (the default strategy).
 
 One device gets the default strategy, not OneDeviceStrategy: EfficientNet-B0
@@ -21,6 +21,7 @@ from pipeline.backends.tensorflow import tpu_runtime
 from pipeline.data import dali
 from pipeline.errors import UserError
 from pipeline.errors import first_line
+from pipeline.rules import cluster as cluster_lib
 from pipeline.rules import hardware as hardware_lib
 from pipeline.rules import stopping
 from pipeline.rules.hardware import Hardware
@@ -91,7 +92,8 @@ COLLECTIVES = {
 def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
             collective='auto', collective_timeout_s=None, gpus='',
             tpu_runtime_version='', allow_cpu=False, split_gpus_into=1):
-  """Returns the Hardware for this process, in the order TPU, TF_CONFIG, GPUs, CPU.
+  """Returns the Hardware for this process, in the order TPU, TF_CONFIG or
+  Slurm, GPUs, CPU.
 
   Stops in one line where NVIDIA GPUs are present but TensorFlow sees none,
   unless `allow_cpu`: training on the CPU there is never what was meant.
@@ -106,10 +108,12 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
 def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
           collective_timeout_s, gpus, tpu_runtime_version, allow_cpu,
           split_gpus_into):
-  if os.environ.get('JAX_COORDINATOR_ADDRESS'):
-    raise UserError('JAX_COORDINATOR_ADDRESS joins hosts on the JAX backend; '
-                    'TensorFlow workers join through TF_CONFIG: pass '
-                    '--backend=jax, or set TF_CONFIG instead')
+  cluster = None if os.environ.get('TF_CONFIG') else (
+      cluster_lib.from_environment(os.environ))
+  if cluster and cluster.engine != 'Slurm':
+    raise UserError(f'{cluster.engine} joins hosts on the JAX backend; '
+                    'TensorFlow workers join through a Slurm job step or '
+                    'TF_CONFIG: pass --backend=jax, or set TF_CONFIG instead')
   if tpu:
     if gpus:
       raise UserError(f'--gpus={gpus} selects GPUs; it cannot be combined '
@@ -118,12 +122,16 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
   if tpu_runtime_version:
     raise UserError(f'--tpu_runtime_version={tpu_runtime_version} needs a TPU '
                     'Node: pass --tpu=NAME or --tpu=grpc://HOST:PORT')
-  _limit_visible_gpus(gpus)
+  _limit_visible_gpus(gpus, cluster)
   if grows_gpu_memory(split_gpus_into, os.environ, dali.installed()):
     _grow_gpu_memory()
   split_gpus(split_gpus_into)
   if os.environ.get('TF_CONFIG'):
-    return _multi_worker(collective, collective_timeout_s)
+    return _multi_worker(_tf_config_resolver(), 'TF_CONFIG', collective,
+                         collective_timeout_s)
+  if cluster:
+    return _multi_worker(_slurm_resolver(cluster), cluster.joined_by(),
+                         collective, collective_timeout_s)
   split_cpu(num_cpu_devices)
   visible_gpus = tf.config.list_logical_devices('GPU')
   if visible_gpus:
@@ -156,10 +164,14 @@ def _grow_gpu_memory():
       return
 
 
-def _limit_visible_gpus(spec):
-  """Makes only the GPUs --gpus names visible; before TF initialises them."""
+def _limit_visible_gpus(spec, cluster):
+  """Makes only the GPUs --gpus names visible, and of those this worker's
+  share where several share a host; before TF initialises them."""
   physical = tf.config.list_physical_devices('GPU')
   indices = hardware_lib.select_gpus(spec, [d.name for d in physical])
+  share = cluster_lib.gpu_share(cluster, len(indices))
+  if share is not None:
+    indices = [indices[i] for i in share]
   if len(indices) == len(physical):
     return
   try:
@@ -198,25 +210,42 @@ def parse_tf_config(text):
   return cluster, task_type, task_index
 
 
-def _multi_worker(collective, timeout_s):
-  cluster, task_type, task_index = parse_tf_config(os.environ['TF_CONFIG'])
+def _tf_config_resolver():
+  """TF_CONFIG's cluster (Kubeflow's TFJob sets it), checked first."""
+  parse_tf_config(os.environ['TF_CONFIG'])
+  return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def _slurm_resolver(cluster):
+  """A Slurm job step's tasks as TensorFlow workers. TensorFlow's own
+  SlurmClusterResolver runs nvidia-smi, and fails on nodes without GPUs
+  (tensorflow#56894); the cluster spec needs only Slurm's variables."""
+  spec = tf.train.ClusterSpec({'worker': cluster.tensorflow_workers()})
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      spec, task_type='worker', task_id=cluster.process_id, rpc_layer='grpc')
+
+
+def _multi_worker(resolver, joined_by, collective, timeout_s):
   # NCCL on GPUs, ring otherwise (auto); the timeout bounds every collective,
   # so a worker that dies or never starts stops the others with an error.
   options = tf.distribute.experimental.CommunicationOptions(
       implementation=COLLECTIVES[collective], timeout_seconds=timeout_s)
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=options)
+      cluster_resolver=resolver, communication_options=options)
+  _joined_by.append(joined_by)
   # Its coordination service may take SIGTERM in native code, as
   # jax.distributed's does: SIGTERM and Ctrl-C are the run's own.
   stopping.reclaim()
-  resolver = strategy.cluster_resolver
-  num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
+  spec = resolver.cluster_spec().as_dict()
+  task_type, task_index = resolver.task_type, resolver.task_id
+  num_workers = len(spec.get('worker', [])) + len(spec.get('chief', []))
   is_chief = (task_type == 'chief' or
               (task_type == 'worker' and task_index == 0 and
-               'chief' not in cluster))
+               'chief' not in spec))
   gpus = tf.config.list_logical_devices('GPU')
   return Hardware(strategy, 'GPU' if gpus else 'CPU', num_workers=num_workers,
-                  task_index=resolver.task_id, is_chief=is_chief,
+                  task_index=strategy.cluster_resolver.task_id,
+                  is_chief=is_chief, cluster=joined_by,
                   detail=f'{task_type} {task_index} of {num_workers} workers')
 
 
@@ -298,6 +327,10 @@ _PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
               tf.errors.AbortedError, tf.errors.CancelledError)
 
 
+# The engine that joined this process's workers: set once they joined.
+_joined_by = []
+
+
 @contextlib.contextmanager
 def peers_lost_in_one_line():
   """Turns what a collective raises when another worker died or never
@@ -305,9 +338,10 @@ def peers_lost_in_one_line():
   try:
     yield
   except _PEER_LOST as e:
-    if 'TF_CONFIG' not in os.environ:
+    if not _joined_by:
       raise
     raise UserError(
-        f'another worker stopped or never answered ({type(e).__name__}: '
-        f'{first_line(e)}); restart all workers with the same command '
-        'to resume from the last checkpoint') from None
+        f'another worker ({_joined_by[-1]}) stopped or never answered '
+        f'({type(e).__name__}: {first_line(e)}); start every worker again '
+        'with the same command (or resubmit the job) to resume from the '
+        'last checkpoint') from None

@@ -1,0 +1,190 @@
+"""One command from a laptop or Cloud Shell trains on every worker of a
+Cloud TPU VM slice, as Google's docs and big_vision do it (`gcloud compute
+tpus tpu-vm ssh NAME --worker=all --command=...`), with what MaxText's
+multihost_runner adds: earlier runs' processes that still hold the TPU are
+ended first (the next run would hang on the TPU, jax#10192), each worker
+writes its own log, worker 0's lines are shown as they come, and a worker
+that fails is named and the others are stopped (SIGTERM: each commits a
+checkpoint, as a preemption does).
+
+The workers join each other themselves (pipeline/rules/cluster.py): JAX
+reads the slice's hosts from the TPU VM's metadata.
+
+Importable without TensorFlow: it only runs gcloud.
+"""
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from pipeline.errors import UserError
+from pipeline.rules import stopping
+
+# A process of an earlier run: `python -m launch.train` as the first words
+# of its command line (not a shell whose command mentions it).
+TRAINER = r'^[^ ]*python[^ ]* -m launch[.]train( |$)'
+# What ends an earlier run's processes on a worker: the trainers, then
+# whatever still holds the TPU's device files, and libtpu's lock file.
+END_STALE = (
+    f"pkill -9 -f '{TRAINER}'; "
+    "S=$([ \"$(id -u)\" = 0 ] || echo 'sudo -n'); "
+    "if command -v fuser >/dev/null; then "
+    "$S fuser -s -k -9 /dev/accel* /dev/vfio/[0-9]* 2>/dev/null; fi; "
+    "$S rm -f /tmp/libtpu_lockfile; true")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  """A TPU VM slice as gcloud names it."""
+  name: str
+  zone: str
+  project: str = ''
+
+  def gcloud(self, verb, *args):
+    """The `gcloud compute tpus tpu-vm VERB NAME ...` command line."""
+    return ['gcloud', 'compute', 'tpus', 'tpu-vm', verb, self.name,
+            f'--zone={self.zone}',
+            *([f'--project={self.project}'] if self.project else []), *args]
+
+  def ssh(self, worker, command):
+    return self.gcloud('ssh', f'--worker={worker}', f'--command={command}')
+
+
+def _gcloud(command, what):
+  """Runs gcloud; its output, or a one-line UserError naming `what`."""
+  try:
+    result = subprocess.run(command, capture_output=True, text=True,
+                            timeout=600, check=False)
+  except FileNotFoundError:
+    raise UserError('gcloud is not installed: run from a machine with the '
+                    'Google Cloud CLI (Cloud Shell has it), or start '
+                    '`python -m launch.train` on every worker') from None
+  if result.returncode:
+    last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+    raise UserError(f'gcloud could not {what} (exit {result.returncode}): '
+                    f'{last}')
+  return result.stdout
+
+
+def workers(pod):
+  """How many workers (hosts) the slice has."""
+  described = json.loads(_gcloud(pod.gcloud('describe', '--format=json'),
+                                 f'describe TPU {pod.name}') or '{}')
+  count = len(described.get('networkEndpoints', []))
+  if not count:
+    raise UserError(f'TPU {pod.name} in {pod.zone} lists no workers (its '
+                    f"state: {described.get('state', 'unknown')}); is it a "
+                    'TPU VM, and READY?')
+  return count
+
+
+def train_command(repo_dir, python, train_args):
+  """What each worker runs: the same launch.train, from the checkout (a
+  leading ~/ is the worker's home)."""
+  home, _, rest = repo_dir.partition('~/')
+  folder = f'~/{shlex.quote(rest)}' if not home and rest else shlex.quote(
+      repo_dir)
+  return (f'cd {folder} && exec {python} -m launch.train '
+          f'{shlex.join(train_args)}')
+
+
+def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
+        out=sys.stdout):
+  """Trains on every worker of `pod`; returns the exit status: 0 when every
+  worker finished, else the first failure's (a UserError for gcloud's).
+  Workers stopped after a failure get `stop_wait_s` to commit."""
+  count = workers(pod)
+  os.makedirs(log_dir, exist_ok=True)
+  print(f'TPU {pod.name}: {count} workers; ending earlier runs on each, '
+        f'then training; one log per worker in {log_dir}', file=out,
+        flush=True)
+  _gcloud(pod.ssh('all', END_STALE), 'end earlier runs on the workers')
+  command = train_command(repo_dir, python, train_args)
+  running = [_start(pod, worker, command, log_dir, out)
+             for worker in range(count)]
+  with stopping.armed():
+    status = _watch(running, out)
+    if status is None:  # Ctrl-C or SIGTERM here: stop every worker.
+      status = 128 + int(stopping.requested())
+    if any(process.poll() is None for process, _ in running):
+      _stop_all(pod, running, out, stop_wait_s)
+  return status
+
+
+def _start(pod, worker, command, log_dir, out):
+  """Starts `command` on `worker`, its output in worker-N.log (worker 0's
+  also shown)."""
+  log_path = os.path.join(log_dir, f'worker-{worker}.log')
+  process = subprocess.Popen(pod.ssh(worker, command), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+  threading.Thread(target=_copy, args=(process.stdout, log_path,
+                                       out if worker == 0 else None),
+                   daemon=True).start()
+  return process, log_path
+
+
+def _copy(lines, log_path, out):
+  with open(log_path, 'a', encoding='utf-8') as log:
+    for line in lines:
+      log.write(line)
+      log.flush()
+      if out:
+        out.write(line)
+        out.flush()
+
+
+def _watch(running, out):
+  """Waits for every worker; the exit status of the first that fails, 0
+  when all finish, None when this process is asked to stop."""
+  while stopping.requested() is None:
+    for worker, (process, log_path) in enumerate(running):
+      code = process.poll()
+      if code:
+        print(f'error: worker {worker} exited with status {code} '
+              f'({_last_line(log_path)}); stopping the others; its log: '
+              f'{log_path}', file=out, flush=True)
+        return code
+    if all(process.poll() == 0 for process, _ in running):
+      print(f'all {len(running)} workers finished', file=out, flush=True)
+      return 0
+    time.sleep(1)
+  return None
+
+
+def _last_line(path):
+  time.sleep(0.5)  # The copying thread's last lines.
+  with open(path, encoding='utf-8', errors='replace') as log:
+    lines = [line.strip() for line in log if line.strip()]
+  return lines[-1] if lines else 'no output'
+
+
+def _stop_all(pod, running, out, wait_s):
+  """SIGTERM to every worker's trainer: each commits a checkpoint at its
+  next step and exits, as on a preemption. One that has not ended within
+  `wait_s` (a TensorFlow worker still waiting for its peers: TensorFlow's
+  coordination service takes SIGTERM then) gets SIGKILL."""
+  print(f'stopping every worker (SIGTERM: each commits a checkpoint within '
+        f'{wait_s:g} s)', file=out, flush=True)
+  _signal_trainers(pod, 'TERM')
+  deadline = time.monotonic() + wait_s
+  for worker, (process, _) in enumerate(running):
+    try:
+      process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      print(f'worker {worker} did not stop within {wait_s:g} s: ending it '
+            '(SIGKILL)', file=out, flush=True)
+      _signal_trainers(pod, 'KILL')
+      os.killpg(process.pid, signal.SIGKILL)
+      process.wait()
+
+
+def _signal_trainers(pod, name):
+  subprocess.run(pod.ssh('all', f"pkill -{name} -f '{TRAINER}'; true"),
+                 capture_output=True, timeout=600, check=False)

@@ -1,0 +1,118 @@
+"""launch.pod against a stand-in for gcloud.
+
+The Google Cloud CLI cannot be installed here, and no TPU slice exists: the
+stand-in below answers `describe` with N workers and runs each `ssh
+--worker=W --command=...` locally, in the repository, with worker W's
+variables (a TF_CONFIG naming the workers on loopback, where a slice's JAX
+would read its metadata). Everything else is real: the workers are real
+`python -m launch.train` processes. Like a worker's own `pkill`, the
+launcher's ends every `python -m launch.train` on this machine.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from conftest import REPO
+from conftest import tiny_args
+
+STAND_IN = f'''#!{sys.executable}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+workers = json.load(open(os.environ['GCLOUD_STAND_IN_WORKERS']))
+with open(os.environ['GCLOUD_STAND_IN_CALLS'], 'a') as calls:
+  calls.write(json.dumps(args) + '\\n')
+if args[3] == 'describe':
+  print(json.dumps({{'state': 'READY', 'networkEndpoints': [
+      {{'ipAddress': '127.0.0.1'}} for _ in workers]}}))
+  sys.exit(0)
+options = dict(a[2:].split('=', 1) for a in args if a.startswith('--'))
+if options['worker'] != 'all':
+  worker = int(options['worker'])
+  os.execvpe('bash', ['bash', '-c', options['command']],
+             dict(os.environ, **workers[worker]))
+sys.exit(max(subprocess.run(['bash', '-c', options['command']],
+                            env=dict(os.environ, **env)).returncode
+             for env in workers))
+'''
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _tf_config(ports, index):
+  return json.dumps({'cluster': {'worker': [f'127.0.0.1:{p}' for p in ports]},
+                     'task': {'type': 'worker', 'index': index}})
+
+
+def _launch(tmp_path, workers, train_args, *flags):
+  """`python -m launch.pod` with the stand-in first on PATH."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir(exist_ok=True)
+  (bin_dir / 'gcloud').write_text(STAND_IN)
+  (bin_dir / 'gcloud').chmod(0o755)
+  (tmp_path / 'workers.json').write_text(json.dumps(workers))
+  env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
+             GCLOUD_STAND_IN_WORKERS=str(tmp_path / 'workers.json'),
+             GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'))
+  return subprocess.run(
+      [sys.executable, '-m', 'launch.pod', '--tpu=slice', '--zone=z',
+       f'--repo_dir={REPO}', f'--python={sys.executable}',
+       f'--worker_logs={tmp_path / "logs"}', *flags, '--', *train_args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_every_worker_runs_the_same_command_after_earlier_runs_end(
+    tmp_path, tfds_dir):
+  # An earlier run's trainer, still holding the TPU on a worker.
+  stale = subprocess.Popen(
+      ['bash', '-c', 'exec -a "python -m launch.train --stale" sleep 600'])
+  ports = [_free_port(), _free_port()]
+  result = _launch(tmp_path, [{'TF_CONFIG': _tf_config(ports, i)}
+                              for i in range(2)],
+                   ['--dry_run', *tiny_args(str(tmp_path / 'run'), tfds_dir)])
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  assert stale.wait(timeout=10) == -9
+  assert 'TPU slice: 2 workers' in result.stdout
+  assert 'all 2 workers finished' in result.stdout
+  # Worker 0's lines are shown; every worker's are in its own log.
+  assert ('2 processes joined by TF_CONFIG, this is process 0'
+          in result.stdout)
+  assert 'this is process 1' not in result.stdout
+  for worker in range(2):
+    log = (tmp_path / 'logs' / f'worker-{worker}.log').read_text()
+    assert f'this is process {worker}' in log
+    assert 'dry run: everything checks out' in log
+  calls = [json.loads(line) for line in
+           (tmp_path / 'calls.jsonl').read_text().splitlines()]
+  assert calls[0][3] == 'describe' and '--worker=all' in calls[1]
+  assert sorted(call[6] for call in calls[2:]) == ['--worker=0',
+                                                   '--worker=1']
+
+
+def test_a_worker_that_fails_is_named_and_the_others_stop(tmp_path,
+                                                         tfds_dir):
+  """Worker 1 stops at once (a bad TF_CONFIG); worker 0, waiting for it to
+  join, gets SIGTERM from the launcher, which TensorFlow's coordination
+  service takes while it waits, then SIGKILL after --stop_wait_s."""
+  ports = [_free_port(), _free_port()]
+  began = time.monotonic()
+  result = _launch(tmp_path, [{'TF_CONFIG': _tf_config(ports, 0)},
+                              {'TF_CONFIG': '{"cluster": {}}'}],
+                   tiny_args(str(tmp_path / 'run'), tfds_dir),
+                   '--stop_wait_s=10')
+  assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+  assert ('error: worker 1 exited with status 1 (error: TF_CONFIG is '
+          'malformed') in result.stdout
+  assert 'stopping every worker (SIGTERM' in result.stdout
+  assert 'worker 0 did not stop within 10 s: ending it' in result.stdout
+  assert not [line for line in subprocess.run(
+      ['pgrep', '-af', 'launch.train'], capture_output=True,
+      text=True).stdout.splitlines() if str(tmp_path) in line]
+  assert time.monotonic() - began < 120
