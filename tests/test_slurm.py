@@ -26,6 +26,9 @@ from conftest import REPO
 BACKEND = os.environ.get('KERAS_BACKEND', 'tensorflow')
 # .ci/run sets it: there, a missing Slurm fails instead of skipping.
 REQUIRED = os.environ.get('PIPELINE_REQUIRE_SLURM') == '1'
+# JAX on this CPU: 5 minutes a test (four processes compile or start);
+# its batch-script test keeps the JAX tier's, this one the slow tier's.
+SLOW_ON_JAX = pytest.mark.slow if BACKEND == 'jax' else pytest.mark.usefixtures()
 
 
 def _free_port():
@@ -141,6 +144,7 @@ def _job_state(env, job):
                         capture_output=True, text=True).stdout.strip()
 
 
+@SLOW_ON_JAX
 def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
     slurm, tfds_dir, tmp_path):
   """`srun -n 2` trains one run over two processes; SIGKILL to the second
