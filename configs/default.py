@@ -14,7 +14,8 @@ def get_config():
   """The default run; other configs import this and change a few fields."""
   config = ml_collections.ConfigDict()
 
-  # Data: a tensorflow-datasets image classification name, or 'tfrecord'.
+  # Data: a tensorflow-datasets image classification name, 'tfrecord', or
+  # 'image_folder'.
   config.dataset = 'sklearn_digits'
   config.data_dir = ''  # tfds data_dir (local or gs://); '' is tfds' default.
   config.train_split = 'train'  # tfds split spec, e.g. 'train[:90%]'.
@@ -22,7 +23,12 @@ def get_config():
   # dataset='tfrecord': globs of files with image/encoded, image/class/label.
   config.train_files = ''
   config.eval_files = ''
-  config.num_classes = 0
+  # dataset='image_folder': a folder of class folders (local or gs://);
+  # without eval_dir, eval_fraction of each class is held out.
+  config.train_dir = ''
+  config.eval_dir = ''
+  config.eval_fraction = 0.1
+  config.num_classes = 0  # tfrecord: needed; image_folder: its folders.
   config.label_offset = 0  # 1 for ImageNet TFRecords, which count from 1.
   config.num_train_examples = 0  # 0: count the records once at start.
   config.num_eval_examples = 0

@@ -10,6 +10,14 @@ Useful to feed TPU Nodes (which read only gs://) and for the input benchmark:
 (pipeline/data/photos.py; --num_examples of them, a tenth as many for eval).
 
   python -m launch.make_tfrecords --dataset=photos --output_dir=/tmp/photos
+
+--from_dir=PATH writes a folder of class folders (the layout
+--config.dataset=image_folder trains from, local or gs://) with the same
+train/eval split (--eval_dir, --eval_fraction), the files' bytes as they
+are, and the class names in labels.txt beside them, which the tfrecord
+source reads back:
+
+  python -m launch.make_tfrecords --from_dir=gs://b/images --output_dir=gs://b/records
 """
 
 import os
@@ -18,9 +26,13 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
+import tensorflow as tf
 
+from pipeline.data import image_folder
 from pipeline.data import photos
 from pipeline.data import tfrecords
+from pipeline.errors import UserError
 
 _DATASET = flags.DEFINE_string(
     'dataset', 'sklearn_digits', "tfds name, or 'photos' (pipeline/data/photos.py).")
@@ -37,10 +49,43 @@ _IMAGE_SIZE = flags.DEFINE_integer('image_size', 0,
 _FORMAT = flags.DEFINE_enum('format', 'jpeg', ['jpeg', 'png'], 'Encoding.')
 _LABEL_OFFSET = flags.DEFINE_integer(
     'label_offset', 0, 'Added to every label (1 mimics ImageNet files).')
+_FROM_DIR = flags.DEFINE_string(
+    'from_dir', '', 'A folder of class folders to write instead of a tfds '
+    'set (local or gs://).')
+_EVAL_DIR = flags.DEFINE_string(
+    'eval_dir', '', '--from_dir: a folder of the same class folders to '
+    'write as eval-*; without it --eval_fraction of each class.')
+_EVAL_FRACTION = flags.DEFINE_float(
+    'eval_fraction', 0.1, '--from_dir: the share of each class held out, '
+    'as --config.eval_fraction holds it out.')
+
+
+def from_dir(output_dir):
+  """Writes --from_dir's split as train-* and eval-*, and labels.txt."""
+  config = ml_collections.ConfigDict(dict(
+      train_dir=_FROM_DIR.value, eval_dir=_EVAL_DIR.value,
+      eval_fraction=_EVAL_FRACTION.value))
+  names, files = image_folder.splits(config)
+  tf.io.gfile.makedirs(output_dir)
+  for split, prefix in (('train', 'train'), ('eval', 'eval')):
+    path = os.path.join(output_dir, prefix)
+    count = tfrecords.write_shards(
+        path, _NUM_FILES.value,
+        ((tf.io.gfile.GFile(name, 'rb').read(), label + _LABEL_OFFSET.value)
+         for name, label in files[split]))
+    logging.info('Wrote %d %s images of %d classes to %s-*', count, split,
+                 len(names), path)
+  image_folder.write_labels(output_dir, names)
 
 
 def main(argv):
   del argv
+  if _FROM_DIR.value:
+    try:
+      from_dir(_OUTPUT_DIR.value)
+    except UserError as e:
+      sys.exit(f'error: {e}')
+    return
   if len(_SPLITS.value) != 2:
     sys.exit(f'error: --splits={",".join(_SPLITS.value)} must name two '
              'splits: train and eval')

@@ -1,4 +1,5 @@
-"""Where examples come from: a tensorflow-datasets set or TFRecord files.
+"""Where examples come from: a tensorflow-datasets set, TFRecord files, or
+a folder of class folders (image_folder.py).
 
 Both sources become a stream of (encoded image, label, origin) records, read
 per worker: each worker reads its own files (or, with fewer files than
@@ -15,6 +16,7 @@ from absl import logging
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from pipeline.data import image_folder
 from pipeline.data import sklearn_digits  # pylint: disable=unused-import  (registers the builder)
 from pipeline.data import tfrecords
 from pipeline.errors import UserError
@@ -42,9 +44,12 @@ class Source:
 
 
 def load_source(config):
-  """Finds `config.dataset` (a tfds name or 'tfrecord'); a UserError if not."""
+  """Finds `config.dataset` (a tfds name, 'tfrecord' or 'image_folder'); a
+  UserError if not."""
   if config.dataset == 'tfrecord':
     return _tfrecord_source(config)
+  if config.dataset == 'image_folder':
+    return _image_folder_source(config)
   return _tfds_source(config)
 
 
@@ -195,7 +200,34 @@ def _tfrecord_source(config):
     encoded, label = tfrecords.parse(record)
     return encoded, label - offset, filename
 
+  names = image_folder.read_labels(config.train_files)
+  if names and len(names) != config.num_classes:
+    raise UserError(f'{image_folder.LABELS_FILE} beside {config.train_files!r}'
+                    f' names {len(names)} classes, not num_classes='
+                    f'{config.num_classes}')
   return Source('tfrecord', config.num_classes, sizes['train'], sizes['eval'],
-                read, parse, encoded_bytes=sum(
+                read, parse, class_names=names, encoded_bytes=sum(
                     tf.io.gfile.stat(name).length
                     for names in files.values() for name in names))
+
+
+# --- A folder of class folders -----------------------------------------------
+
+
+def _image_folder_source(config):
+  if not config.train_dir:
+    raise UserError('dataset=image_folder needs --config.train_dir=PATH, a '
+                    'folder of class folders (local or gs://)')
+  names, files = image_folder.splits(config)
+  if config.num_classes and config.num_classes != len(names):
+    raise UserError(f'num_classes={config.num_classes}, but '
+                    f'{config.train_dir!r} holds {len(names)} class folders; '
+                    'leave num_classes at 0 for image_folder')
+
+  def read(split, input_context, shuffle, seed):
+    return image_folder.read_files(files[split], input_context, shuffle, seed)
+
+  return Source('image_folder', len(names), len(files['train']),
+                len(files['eval']), read,
+                parse=lambda encoded, label, path: (encoded, label, path),
+                class_names=names)

@@ -135,6 +135,9 @@ def _check_recipe(config, model_names):
 
 def _check_input(config):
   _one_of(config, 'augment', AUGMENTATIONS)
+  if config.dataset == 'image_folder' and not 0 < config.eval_fraction < 1:
+    raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1): '
+                    'the share of each class held out for evaluation')
   address = config.data_service
   if address and not _DATA_SERVICE.match(address):
     raise UserError(f'data_service={address!r}; expected grpc://HOST:PORT of '

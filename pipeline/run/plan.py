@@ -116,6 +116,7 @@ class Plan:
         'peak_learning_rate': self.peak_learning_rate,
         'dataset': self.source.name,
         'num_classes': self.source.num_classes,
+        'class_names': list(self.source.class_names),
         'train_examples': self.source.num_train_examples,
         'eval_examples': self.source.num_eval_examples,
         'steps_per_epoch': self.steps_per_epoch,
@@ -158,6 +159,9 @@ class Plan:
         f'learning rate {self.peak_learning_rate:.3g} = base '
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
+        *([f'Classes: {_names(self.source.class_names)}']
+          if self.source.name in ('image_folder', 'tfrecord') and
+          self.source.class_names else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
         f'cache {self.cache} ({self.cache_reason}); augment '
         f'{config.augment}{_mixing(config)}'
@@ -207,6 +211,8 @@ def resolve(config, request, hardware=None):
   validation.validate(config, hardware.num_replicas, models.MODELS)
   workdir = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
+  if workdir and hardware.is_chief:
+    _check_same_classes(workdir, source)
   input_pipeline, input_reason = dali.choose(
       config, hardware.device_kind,
       dali.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
@@ -301,6 +307,27 @@ def _check_same_run(workdir, config, backend=None):
         f'which resumes there only: --backend={trained_on.name}, or another '
         '--workdir')
   return True
+
+
+def _names(names, shown=20):
+  """The class names as the plan prints them: 'cat, dog' (index order)."""
+  more = f', ... ({len(names) - shown} more)' if len(names) > shown else ''
+  return ', '.join(names[:shown]) + more
+
+
+def _check_same_classes(workdir, source):
+  """A one-line UserError if the run the workdir holds was trained on other
+  class names (a class folder added, removed or renamed): its labels would
+  mean other classes."""
+  saved = (workdir.read_json('run.json') or {}).get('resolved', {})
+  theirs = tuple(saved.get('class_names') or ())
+  if theirs and source.class_names and theirs != source.class_names:
+    changed = sorted(set(theirs) ^ set(source.class_names)) or ['their order']
+    raise UserError(
+        f'workdir {workdir.url!r} holds a run trained on {len(theirs)} '
+        f'classes; these data have {len(source.class_names)} (differing: '
+        f'{", ".join(changed[:5])}); restore the class folders or use '
+        'another --workdir')
 
 
 def _mixing(config):

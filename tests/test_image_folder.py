@@ -1,0 +1,174 @@
+"""A folder of class folders as a data set (pipeline/data/image_folder.py).
+
+The tree is made here from the bundled digits: PNG and JPEG files, some in
+sub-folders, one damaged file and a file manager's hidden file. It trains
+as it is through `launch.train`, its eval split holds across runs and
+hosts, it converts to TFRecords with its class names, and each bad tree is
+one line. tests/test_jax_backend.py trains the same tree on JAX, and
+tests/test_gcs_run.py reads it from the GCS emulator.
+"""
+
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_module
+from conftest import run_train
+from configs import default
+from pipeline.data import image_folder
+from pipeline.data import sources
+from pipeline.errors import UserError
+
+NAMES = ('eight', 'five', 'four', 'nine', 'one', 'seven', 'six', 'three',
+         'two', 'zero')  # Sorted: the class indices.
+
+
+def make_tree(root, per_class=24):
+  """root/<digit name>/ of 16x16 digits: PNG, every third JPEG, every
+  fourth in a sub-folder; one damaged PNG and one .DS_Store. Returns the
+  damaged file's path."""
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  digits = datasets.load_digits()
+  spoken = ('zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven',
+            'eight', 'nine')
+  for digit, name in enumerate(spoken):
+    images = digits.images[digits.target == digit][:per_class]
+    for i, image in enumerate(images):
+      pixels = np.kron(np.round(image * 255 / 16), np.ones((2, 2)))
+      pixels = tf.constant(pixels[..., None], tf.uint8)
+      folder = root / name / ('more' if i % 4 == 3 else '')
+      folder.mkdir(parents=True, exist_ok=True)
+      if i % 3 == 2:
+        (folder / f'{i}.jpg').write_bytes(tf.io.encode_jpeg(pixels).numpy())
+      else:
+        (folder / f'{i}.png').write_bytes(tf.io.encode_png(pixels).numpy())
+  damaged = root / 'three' / 'damaged.png'
+  damaged.write_bytes(b'\x89PNG\r\n\x1a\n' + b'\0' * 40)
+  (root / 'seven' / '.DS_Store').write_bytes(b'\0\0\0\1Bud1')
+  return damaged
+
+
+@pytest.fixture(scope='module')
+def tree(tmp_path_factory):
+  root = tmp_path_factory.mktemp('digits_tree')
+  make_tree(root)
+  return root
+
+
+def _config(**values):
+  return ml_collections.ConfigDict(dict(default.get_config().to_dict(),
+                                        **dict(dict(dataset='image_folder'),
+                                               **values)))
+
+
+def _paths(source, split, pipelines=1, index=0):
+  context = tf.distribute.InputContext(pipelines, index, pipelines)
+  return sorted(path.decode() for _, _, path in
+                source.read(split, context, False, None).as_numpy_iterator())
+
+
+def test_classes_files_and_a_stable_held_out_split(tree):
+  source = sources.load_source(_config(train_dir=str(tree)))
+  assert source.class_names == NAMES and source.num_classes == 10
+  # 241 files: 24 per class and the damaged one; not the hidden file.
+  assert source.num_train_examples + source.num_eval_examples == 241
+  assert 10 <= source.num_eval_examples <= 45
+  train, held = _paths(source, 'train'), _paths(source, 'eval')
+  assert not set(train) & set(held)
+  assert any('/more/' in path for path in train + held)
+  # Another run, and two hosts: the same split, each host its own share.
+  again = sources.load_source(_config(train_dir=str(tree)))
+  assert _paths(again, 'eval') == held
+  shares = [_paths(again, 'train', 2, i) for i in range(2)]
+  assert not set(shares[0]) & set(shares[1])
+  assert sorted(shares[0] + shares[1]) == train
+  # The labels follow the sorted folder names.
+  for _, label, path in source.read(
+      'eval', tf.distribute.InputContext(), False, None).as_numpy_iterator():
+    assert NAMES[label] in path.decode().split('/')[-3:]
+
+
+def test_a_separate_eval_folder(tree, tmp_path):
+  eval_root = tmp_path / 'eval'
+  make_tree(eval_root, per_class=3)
+  source = sources.load_source(_config(train_dir=str(tree),
+                                       eval_dir=str(eval_root)))
+  assert (source.num_train_examples, source.num_eval_examples) == (241, 31)
+  (eval_root / 'ten').mkdir()
+  (eval_root / 'ten' / 'a.png').write_bytes(
+      (eval_root / 'one' / '0.png').read_bytes())
+  with pytest.raises(UserError, match='both must hold the same class folders'):
+    sources.load_source(_config(train_dir=str(tree), eval_dir=str(eval_root)))
+
+
+@pytest.mark.parametrize('setup, message', [
+    (lambda root: None, "image folder '{root}' does not exist"),
+    (lambda root: root.mkdir(), "image folder '{root}' holds no class folders"),
+    (lambda root: (root / 'cat').mkdir(parents=True),
+     "class folder '{root}/cat' holds no images"),
+    (lambda root: ((root / 'cat').mkdir(parents=True),
+                   (root / 'cat' / 'notes.txt').write_text('x')),
+     "'{root}/cat/notes.txt' is not an image this pipeline reads; accepted: "
+     'JPEG, PNG, GIF, BMP or WebP'),
+])
+def test_bad_trees_in_one_line(tmp_path, setup, message):
+  root = tmp_path / 'tree'
+  setup(root)
+  with pytest.raises(UserError) as error:
+    sources.load_source(_config(train_dir=str(root)))
+  assert message.format(root=root) in str(error.value)
+  assert '\n' not in str(error.value)
+
+
+def test_trains_records_the_names_and_predict_names_a_file(tree, tmp_path):
+  """The issue's command: trains, holds out an eval split, prints and
+  records the class names; the damaged file is skipped and counted; the
+  exported model names a file's class; a changed tree will not resume."""
+  workdir = tmp_path / 'run'
+  result = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
+                     f'--config.train_dir={tree}', '--config.epochs=3',
+                     '--config.global_batch_size=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'Classes: {", ".join(NAMES)}' in result.stderr
+  run = json.loads((workdir / 'run.json').read_text())
+  assert run['resolved']['class_names'] == list(NAMES)
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['skipped_records'] >= 1  # The damaged PNG, once an epoch.
+  image = tree / 'seven' / '0.png'
+  predicted = run_module('launch.predict', f'--model={workdir}/export',
+                         str(image))
+  assert predicted.returncode == 0, predicted.stderr[-3000:]
+  assert any(name in predicted.stdout for name in NAMES), predicted.stdout
+
+  (tree / 'zero').rename(tree / 'nought')
+  try:
+    again = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
+                      f'--config.train_dir={tree}', '--config.epochs=4',
+                      '--dry_run')
+  finally:
+    (tree / 'nought').rename(tree / 'zero')
+  assert again.returncode == 1
+  assert 'holds a run trained on 10 classes; these data have 10 ' \
+      '(differing: nought, zero)' in again.stderr
+
+
+def test_to_tfrecords_with_the_class_names(tree, tmp_path):
+  output = tmp_path / 'records'
+  result = run_module('launch.make_tfrecords', f'--from_dir={tree}',
+                      f'--output_dir={output}', '--num_files=2')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (output / image_folder.LABELS_FILE).read_text().split() == list(NAMES)
+  folder = sources.load_source(_config(train_dir=str(tree)))
+  records = sources.load_source(_config(
+      dataset='tfrecord', train_files=str(output / 'train-*'),
+      eval_files=str(output / 'eval-*'), num_classes=10))
+  assert records.class_names == NAMES
+  assert (records.num_train_examples, records.num_eval_examples) == (
+      folder.num_train_examples, folder.num_eval_examples)
+  assert sorted(os.listdir(output)) == [
+      'eval-00000-of-00002', 'eval-00001-of-00002', 'labels.txt',
+      'train-00000-of-00002', 'train-00001-of-00002']
