@@ -59,6 +59,33 @@ def tiny_args(workdir, tfds_dir, *extra):
 assert tf.config.list_logical_devices('CPU'), 'TensorFlow sees no CPU'
 
 
+def make_tree(root, per_class=24):
+  """A folder of class folders (pipeline/data/image_folder.py) from the
+  bundled digits: root/<digit name>/ of 16x16 digits, PNG, every third
+  JPEG, every fourth in a sub-folder; one damaged PNG and one .DS_Store.
+  Returns the damaged file's path."""
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  digits = datasets.load_digits()
+  spoken = ('zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven',
+            'eight', 'nine')
+  for digit, name in enumerate(spoken):
+    images = digits.images[digits.target == digit][:per_class]
+    for i, image in enumerate(images):
+      pixels = np.kron(np.round(image * 255 / 16), np.ones((2, 2)))
+      pixels = tf.constant(pixels[..., None], tf.uint8)
+      folder = root / name / ('more' if i % 4 == 3 else '')
+      folder.mkdir(parents=True, exist_ok=True)
+      if i % 3 == 2:
+        (folder / f'{i}.jpg').write_bytes(tf.io.encode_jpeg(pixels).numpy())
+      else:
+        (folder / f'{i}.png').write_bytes(tf.io.encode_png(pixels).numpy())
+  damaged = root / 'three' / 'damaged.png'
+  damaged.write_bytes(b'\x89PNG\r\n\x1a\n' + b'\0' * 40)
+  (root / 'seven' / '.DS_Store').write_bytes(b'\0\0\0\1Bud1')
+  return damaged
+
+
 def xla_on_cpu():
   """False in the TPU build (tensorflow-tpu 2.20), which links no XLA CPU
   backend: "could not find registered transfer manager for platform Host"."""

@@ -12,10 +12,10 @@ import json
 import os
 
 import ml_collections
-import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import make_tree
 from conftest import run_module
 from conftest import run_train
 from configs import default
@@ -25,31 +25,6 @@ from pipeline.errors import UserError
 
 NAMES = ('eight', 'five', 'four', 'nine', 'one', 'seven', 'six', 'three',
          'two', 'zero')  # Sorted: the class indices.
-
-
-def make_tree(root, per_class=24):
-  """root/<digit name>/ of 16x16 digits: PNG, every third JPEG, every
-  fourth in a sub-folder; one damaged PNG and one .DS_Store. Returns the
-  damaged file's path."""
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  digits = datasets.load_digits()
-  spoken = ('zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven',
-            'eight', 'nine')
-  for digit, name in enumerate(spoken):
-    images = digits.images[digits.target == digit][:per_class]
-    for i, image in enumerate(images):
-      pixels = np.kron(np.round(image * 255 / 16), np.ones((2, 2)))
-      pixels = tf.constant(pixels[..., None], tf.uint8)
-      folder = root / name / ('more' if i % 4 == 3 else '')
-      folder.mkdir(parents=True, exist_ok=True)
-      if i % 3 == 2:
-        (folder / f'{i}.jpg').write_bytes(tf.io.encode_jpeg(pixels).numpy())
-      else:
-        (folder / f'{i}.png').write_bytes(tf.io.encode_png(pixels).numpy())
-  damaged = root / 'three' / 'damaged.png'
-  damaged.write_bytes(b'\x89PNG\r\n\x1a\n' + b'\0' * 40)
-  (root / 'seven' / '.DS_Store').write_bytes(b'\0\0\0\1Bud1')
-  return damaged
 
 
 @pytest.fixture(scope='module')

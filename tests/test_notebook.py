@@ -2,7 +2,8 @@
 
 papermill executes notebooks/train_on_colab.ipynb in a real Jupyter kernel
 with the parameters that switch off what needs Colab or the network
-(install, upload) and a tiny run; every other cell runs as a user's would,
+(install, upload) and a tiny run on a folder of class folders made from the
+digits (its "your own images" cell); every other cell runs as a user's would,
 from notebooks/ as Jupyter starts it (it finds the checkout it is in):
 the runtime check, a dry run, training, TensorBoard inline, evaluation and
 a prediction with the export. A failing command fails its cell. In the
@@ -12,10 +13,12 @@ on a Colab TPU, over two CPU devices standing in for the chips.
 
 import json
 import os
+import re
 
 import pytest
 
 from conftest import REPO
+from conftest import make_tree
 
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'train_on_colab.ipynb')
 ON_JAX = os.environ.get('KERAS_BACKEND') == 'jax'
@@ -29,11 +32,13 @@ def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
   import papermill  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
   executed = str(tmp_path / 'executed.ipynb')
+  make_tree(tmp_path / 'images', per_class=12)  # "Your own images".
   papermill.execute_notebook(
       NOTEBOOK, executed, cwd=os.path.join(REPO, 'notebooks'),
       kernel_name='python3',
       parameters=dict(
           INSTALL=False, UPLOAD=False, WORKDIR=workdir,
+          IMAGES=str(tmp_path / 'images'),
           TRAIN_FLAGS=(f'--config.data_dir={tfds_dir} '
                        '--config.train_split=train[:128] --config.epochs=1 '
                        '--config.global_batch_size=32'
@@ -49,6 +54,8 @@ def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
   assert f'Project in {REPO}' in text
   assert 'dry run: everything checks out' in text
   assert 'Done: eval_accuracy' in text
-  assert 'Evaluated step 4' in text
+  assert 'Training on the class folders in' in text
+  assert 'Classes: eight, five, four, nine, one, seven' in text
+  assert re.search(r'Evaluated step [1-9]', text)
   assert 'digit.png' in text  # The prediction's line names the image.
   assert os.path.exists(os.path.join(workdir, 'export', 'saved_model.pb'))
