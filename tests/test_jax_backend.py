@@ -345,6 +345,9 @@ def test_a_run_stops_on_ctrl_c_and_on_sigterm_to_its_group_and_resumes(
   assert second > first
 
 
+# Three starts of two processes, 5-8 minutes here: the slow tier's. CI's JAX
+# tier stops and resumes two hosts under Slurm (tests/test_slurm.py).
+@pytest.mark.slow
 def test_two_hosts_stop_together_on_sigterm_and_resume(tfds_dir, tmp_path):
   """A pod slice's hosts, stood in for by two processes of one CPU device
   each (each in a process group of its own, as on its own VM), joined by

@@ -5,8 +5,9 @@ stand-in below answers `describe` with N workers and runs each `ssh
 --worker=W --command=...` locally, in the repository, with worker W's
 variables (a TF_CONFIG naming the workers on loopback, where a slice's JAX
 would read its metadata). Everything else is real: the workers are real
-`python -m launch.train` processes. Like a worker's own `pkill`, the
-launcher's ends every `python -m launch.train` on this machine.
+`python -m launch.train` processes. The launcher ends only the trainers
+it marked as the slice's (each test's slice has its own name), so other
+runs on this machine are left alone.
 """
 
 import json
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 from conftest import REPO
 from conftest import tiny_args
@@ -51,7 +53,7 @@ def _tf_config(ports, index):
                      'task': {'type': 'worker', 'index': index}})
 
 
-def _launch(tmp_path, workers, train_args, *flags):
+def _launch(tmp_path, workers, train_args, *flags, name='slice'):
   """`python -m launch.pod` with the stand-in first on PATH."""
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir(exist_ok=True)
@@ -62,7 +64,7 @@ def _launch(tmp_path, workers, train_args, *flags):
              GCLOUD_STAND_IN_WORKERS=str(tmp_path / 'workers.json'),
              GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'))
   return subprocess.run(
-      [sys.executable, '-m', 'launch.pod', '--tpu=slice', '--zone=z',
+      [sys.executable, '-m', 'launch.pod', f'--tpu={name}', '--zone=z',
        f'--repo_dir={REPO}', f'--python={sys.executable}',
        f'--worker_logs={tmp_path / "logs"}', *flags, '--', *train_args],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -70,16 +72,23 @@ def _launch(tmp_path, workers, train_args, *flags):
 
 def test_every_worker_runs_the_same_command_after_earlier_runs_end(
     tmp_path, tfds_dir):
-  # An earlier run's trainer, still holding the TPU on a worker.
-  stale = subprocess.Popen(
-      ['bash', '-c', 'exec -a "python -m launch.train --stale" sleep 600'])
+  # An earlier run's trainer, still holding the TPU on a worker, and a
+  # trainer launch.pod did not start for this slice.
+  name = f'slice-{uuid.uuid4().hex[:8]}'
+  trainer = 'exec -a "python -m launch.train --{}" sleep 600'
+  stale = subprocess.Popen(['bash', '-c', trainer.format('stale')],
+                           env=dict(os.environ, PIPELINE_POD=name))
+  bystander = subprocess.Popen(['bash', '-c', trainer.format('other')])
   ports = [_free_port(), _free_port()]
   result = _launch(tmp_path, [{'TF_CONFIG': _tf_config(ports, i)}
                               for i in range(2)],
-                   ['--dry_run', *tiny_args(str(tmp_path / 'run'), tfds_dir)])
+                   ['--dry_run', *tiny_args(str(tmp_path / 'run'), tfds_dir)],
+                   name=name)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr
   assert stale.wait(timeout=10) == -9
-  assert 'TPU slice: 2 workers' in result.stdout
+  assert bystander.poll() is None
+  bystander.kill()
+  assert f'TPU {name}: 2 workers' in result.stdout
   assert 'all 2 workers finished' in result.stdout
   # Worker 0's lines are shown; every worker's are in its own log.
   assert ('2 processes joined by TF_CONFIG, this is process 0'
@@ -106,7 +115,7 @@ def test_a_worker_that_fails_is_named_and_the_others_stop(tmp_path,
   result = _launch(tmp_path, [{'TF_CONFIG': _tf_config(ports, 0)},
                               {'TF_CONFIG': '{"cluster": {}}'}],
                    tiny_args(str(tmp_path / 'run'), tfds_dir),
-                   '--stop_wait_s=10')
+                   '--stop_wait_s=10', name=f'slice-{uuid.uuid4().hex[:8]}')
   assert result.returncode == 1, result.stdout[-3000:] + result.stderr
   assert ('error: worker 1 exited with status 1 (error: TF_CONFIG is '
           'malformed') in result.stdout

@@ -2,7 +2,8 @@
 Cloud TPU VM slice, as Google's docs and big_vision do it (`gcloud compute
 tpus tpu-vm ssh NAME --worker=all --command=...`), with what MaxText's
 multihost_runner adds: earlier runs' processes that still hold the TPU are
-ended first (the next run would hang on the TPU, jax#10192), each worker
+ended first (the next run would hang on the TPU, jax#10192; the trainers it
+starts carry a variable naming the slice, so nothing else is), each worker
 writes its own log, worker 0's lines are shown as they come, and a worker
 that fails is named and the others are stopped (SIGTERM: each commits a
 checkpoint, as a preemption does).
@@ -26,17 +27,30 @@ import time
 from pipeline.errors import UserError
 from pipeline.rules import stopping
 
-# A process of an earlier run: `python -m launch.train` as the first words
-# of its command line (not a shell whose command mentions it).
-TRAINER = r'^[^ ]*python[^ ]* -m launch[.]train( |$)'
-# What ends an earlier run's processes on a worker: the trainers, then
-# whatever still holds the TPU's device files, and libtpu's lock file.
-END_STALE = (
-    f"pkill -9 -f '{TRAINER}'; "
-    "S=$([ \"$(id -u)\" = 0 ] || echo 'sudo -n'); "
-    "if command -v fuser >/dev/null; then "
-    "$S fuser -s -k -9 /dev/accel* /dev/vfio/[0-9]* 2>/dev/null; fi; "
-    "$S rm -f /tmp/libtpu_lockfile; true")
+# What marks the trainers launch.pod starts, so that ending earlier runs
+# ends theirs and nothing else on the worker: a variable naming the slice.
+MARK = 'PIPELINE_POD'
+# Trainers: `python -m launch.train` as the first words of a command line.
+TRAINER = r'python[^ ]* -m launch[.]train( |$)'
+
+
+def signal_trainers(name, signal_name):
+  """The shell command that sends SIG`signal_name` to every trainer that
+  launch.pod started for the slice `name` on a worker."""
+  mark = shlex.quote(f'{MARK}={name}')
+  return (f"for p in $(pgrep -f '^[^ ]*{TRAINER}'); do "
+          f"tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qxF {mark} "
+          f'&& kill -{signal_name} $p; done; true')
+
+
+def end_stale(name):
+  """What ends earlier runs on a worker: launch.pod's trainers for this
+  slice, whatever still holds the TPU's device files, libtpu's lock."""
+  return (signal_trainers(name, 'KILL') + '; '
+          "S=$([ \"$(id -u)\" = 0 ] || echo 'sudo -n'); "
+          'if command -v fuser >/dev/null; then '
+          '$S fuser -s -k -9 /dev/accel* /dev/vfio/[0-9]* 2>/dev/null; fi; '
+          '$S rm -f /tmp/libtpu_lockfile; true')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +98,14 @@ def workers(pod):
   return count
 
 
-def train_command(repo_dir, python, train_args):
+def train_command(name, repo_dir, python, train_args):
   """What each worker runs: the same launch.train, from the checkout (a
-  leading ~/ is the worker's home)."""
+  leading ~/ is the worker's home), marked as the slice `name`'s."""
   home, _, rest = repo_dir.partition('~/')
   folder = f'~/{shlex.quote(rest)}' if not home and rest else shlex.quote(
       repo_dir)
-  return (f'cd {folder} && exec {python} -m launch.train '
-          f'{shlex.join(train_args)}')
+  return (f'cd {folder} && {MARK}={shlex.quote(name)} exec {python} -m '
+          f'launch.train {shlex.join(train_args)}')
 
 
 def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
@@ -104,8 +118,9 @@ def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
   print(f'TPU {pod.name}: {count} workers; ending earlier runs on each, '
         f'then training; one log per worker in {log_dir}', file=out,
         flush=True)
-  _gcloud(pod.ssh('all', END_STALE), 'end earlier runs on the workers')
-  command = train_command(repo_dir, python, train_args)
+  _gcloud(pod.ssh('all', end_stale(pod.name)),
+          'end earlier runs on the workers')
+  command = train_command(pod.name, repo_dir, python, train_args)
   running = [_start(pod, worker, command, log_dir, out)
              for worker in range(count)]
   with stopping.armed():
@@ -185,6 +200,6 @@ def _stop_all(pod, running, out, wait_s):
       process.wait()
 
 
-def _signal_trainers(pod, name):
-  subprocess.run(pod.ssh('all', f"pkill -{name} -f '{TRAINER}'; true"),
+def _signal_trainers(pod, signal_name):
+  subprocess.run(pod.ssh('all', signal_trainers(pod.name, signal_name)),
                  capture_output=True, timeout=600, check=False)
