@@ -278,7 +278,8 @@ def test_gpus_that_jax_cannot_see_stop_the_run_naming_the_fix(tfds_dir,
   path = f'{folder}{os.pathsep}{os.environ["PATH"]}'
   result = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run',
                      env={'PATH': path})
-  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  # The watchdog's SIGKILL: JAX's join holds the process in native code.
+  assert result.returncode == -9 and 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
       'error: this machine has 1 NVIDIA GPU(s) (nvidia-smi -L) but JAX '
       '0.10.2 sees none: no CUDA plugin is installed (this jaxlib runs on '
@@ -298,7 +299,8 @@ def test_compare_passes_the_backend_to_its_runs(tfds_dir, tmp_path):
   result = run_module('launch.compare', '--backend=jax', f'--workdir={root}',
                       f'--config.data_dir={tfds_dir}',
                       '--policies=rewrite', timeout=300)
-  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  # The watchdog's SIGKILL: JAX's join holds the process in native code.
+  assert result.returncode == -9 and 'Traceback' not in result.stderr
   # The failed run, named with its own error, then that none finished.
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
   assert len(errors) == 2, result.stderr[-2000:]
@@ -457,7 +459,8 @@ def test_every_launchers_variables_join_two_processes(tmp_path, tfds_dir):
       [sys.executable, '-m', 'launch.train', '--dry_run',
        *_args(tmp_path / 'alone', tfds_dir, devices=1)], cwd=REPO, env=alone,
       capture_output=True, text=True, timeout=300)
-  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  # The watchdog's SIGKILL: JAX's join holds the process in native code.
+  assert result.returncode == -9 and 'Traceback' not in result.stderr
   assert ('error: could not join the other hosts through XPK (NNODES, '
           'NODE_RANK) within 5 s (JAX_INITIALIZATION_TIMEOUT_S)') in \
       result.stderr, result.stderr[-3000:]

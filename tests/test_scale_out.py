@@ -90,6 +90,23 @@ def test_bad_tf_config_from_the_command_line(tmp_path, tfds_dir):
   assert 'error: TF_CONFIG is malformed' in result.stderr
 
 
+def test_a_worker_that_never_starts_stops_the_other_in_one_line(tmp_path,
+                                                               tfds_dir):
+  """TensorFlow's join waits for good (holding Python's lock): a watchdog
+  process ends the worker within --collective_timeout_s, in one line."""
+  import time  # pylint: disable=g-import-not-at-top
+  began = time.monotonic()
+  result = run_train(f'--workdir={tmp_path}', f'--config.data_dir={tfds_dir}',
+                     '--collective_timeout_s=5', env={
+                         'TF_CONFIG': _tf_config([_free_port()] * 2, 0)},
+                     timeout=300)
+  assert result.returncode == -9 and 'Traceback' not in result.stderr
+  assert ('error: could not join the other workers through TF_CONFIG within '
+          '5 s (--collective_timeout_s)') in result.stderr, result.stderr
+  assert time.monotonic() - began < 120
+  assert not (tmp_path / 'run.json').exists()
+
+
 def test_dry_run_resolves_and_stops_before_the_model(tmp_path, tfds_dir):
   workdir = tmp_path / 'dry'
   result = run_train(f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',

@@ -19,6 +19,7 @@ first lines, so even a Ctrl-C during the imports ends in one line.
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -148,6 +149,31 @@ def exit_with(status, line):
   timer.daemon = True
   timer.start()
   sys.exit(status)
+
+
+# A process that ends its parent with a line unless killed first.
+_WATCHDOG = ('import os, signal, sys, time\n'
+             'time.sleep(float(sys.argv[2]))\n'
+             'os.write(2, sys.argv[3].encode() + b"\\n")\n'
+             'os.kill(int(sys.argv[1]), signal.SIGKILL)\n')
+
+
+@contextlib.contextmanager
+def within(seconds, line):
+  """Ends this process with `line` (and SIGKILL's status) unless the block
+  is done within `seconds`: for a join that blocks in native code, whose
+  own timeout would abort the process with a stack dump (JAX) or never
+  come (TensorFlow's workers waiting for a peer). A process, not a thread:
+  TensorFlow's join holds Python's lock while it waits. Nothing of the
+  run is written before a join."""
+  watchdog = subprocess.Popen(
+      [sys.executable, '-c', _WATCHDOG, str(os.getpid()), str(seconds), line],
+      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+  try:
+    yield
+  finally:
+    watchdog.kill()
+    watchdog.wait()
 
 
 def wait(seconds):

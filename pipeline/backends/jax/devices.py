@@ -11,8 +11,6 @@ pipeline reads its own shard of the records and feeds its own devices.
 import contextlib
 import os
 import re
-import sys
-import threading
 
 from absl import logging
 import jax
@@ -131,19 +129,17 @@ def _join_hosts():
             'start the same command')
   # JAX's client aborts the process (a native fatal error and a stack dump)
   # when its own timeout passes; this one passes first, in one line.
-  watchdog = threading.Timer(timeout_s, _give_up, (f'error: {failed}',))
-  watchdog.daemon = True
-  watchdog.start()
   try:
-    if found and found.coordinator:
-      jax.distributed.initialize(
-          found.coordinator, found.num_processes, found.process_id,
-          local_device_ids=gpus, cluster_detection_method='deactivate',
-          initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
-    else:  # Open MPI, or what only JAX detects (a TPU VM's metadata).
-      jax.distributed.initialize(
-          local_device_ids=gpus,
-          initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
+    with stopping.within(timeout_s, f'error: {failed}'):
+      if found and found.coordinator:
+        jax.distributed.initialize(
+            found.coordinator, found.num_processes, found.process_id,
+            local_device_ids=gpus, cluster_detection_method='deactivate',
+            initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
+      else:  # Open MPI, or what only JAX detects (a TPU VM's metadata).
+        jax.distributed.initialize(
+            local_device_ids=gpus,
+            initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
   except Exception as e:  # pylint: disable=broad-except
     # JAX found no cluster either, or was in use before (a notebook, a
     # test's process): a process alone.
@@ -152,8 +148,6 @@ def _join_hosts():
       return None
     raise UserError(f'{failed} ({type(e).__name__}: {first_line(e)})') \
         from None
-  finally:
-    watchdog.cancel()
   return found or cluster_lib.Cluster(
       engine + ' (a Cloud TPU pod slice, or Kubernetes)',
       jax.process_count(), jax.process_index())
@@ -184,13 +178,6 @@ def peers_lost_in_one_line():
 
 # JAX's own join timeout is this much later than the run's.
 _JAX_TIMEOUT_MARGIN_S = 30
-
-
-def _give_up(line):
-  """Ends a process whose hosts did not join, before JAX aborts it: nothing
-  of the run has been written yet."""
-  print(line, file=sys.stderr, flush=True)
-  os._exit(1)  # pylint: disable=protected-access
 
 
 def _visible_gpus():

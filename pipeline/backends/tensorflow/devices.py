@@ -210,6 +210,11 @@ def parse_tf_config(text):
   return cluster, task_type, task_index
 
 
+# How long workers wait for each other to join, without
+# --collective_timeout_s.
+JOIN_TIMEOUT_S = 300
+
+
 def _tf_config_resolver():
   """TF_CONFIG's cluster (Kubeflow's TFJob sets it), checked first."""
   parse_tf_config(os.environ['TF_CONFIG'])
@@ -230,8 +235,15 @@ def _multi_worker(resolver, joined_by, collective, timeout_s):
   # so a worker that dies or never starts stops the others with an error.
   options = tf.distribute.experimental.CommunicationOptions(
       implementation=COLLECTIVES[collective], timeout_seconds=timeout_s)
-  strategy = tf.distribute.MultiWorkerMirroredStrategy(
-      cluster_resolver=resolver, communication_options=options)
+  # A worker that never starts would hold the others here for good:
+  # TensorFlow's join has no timeout of its own.
+  wait_s = timeout_s or JOIN_TIMEOUT_S
+  with stopping.within(wait_s, (
+      f'error: could not join the other workers through {joined_by} within '
+      f'{wait_s:g} s (--collective_timeout_s): every worker must start the '
+      'same command')):
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options)
   _joined_by.append(joined_by)
   # Its coordination service may take SIGTERM in native code, as
   # jax.distributed's does: SIGTERM and Ctrl-C are the run's own.
