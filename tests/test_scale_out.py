@@ -21,6 +21,7 @@ from conftest import stopped_at_one_step
 from configs import default
 from pipeline import backends
 from pipeline.backends.tensorflow import devices as tf_devices
+from pipeline.backends.tensorflow import workers as tf_workers
 from pipeline.rules import hardware
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
@@ -80,7 +81,7 @@ def test_two_workers_train_together(tmp_path, tfds_dir):
 ])
 def test_bad_tf_config_is_one_line(text, problem):
   with pytest.raises(UserError, match=problem):
-    tf_devices.parse_tf_config(text)
+    tf_workers.parse_tf_config(text)
 
 
 def test_bad_tf_config_from_the_command_line(tmp_path, tfds_dir):

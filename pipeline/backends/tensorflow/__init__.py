@@ -1,8 +1,8 @@
 """Keras on TensorFlow: CPUs, GPUs, and the TPUs TensorFlow's TPU build reaches.
 
-tf.distribute strategies (devices.py), multi-step tf.functions (steps.py)
-under a Trainer (trainer.py), the moving average as replica-local
-variables (ema.py), XLA's rules (xla.py), its persistent caches
+tf.distribute strategies (devices.py; several machines: workers.py),
+multi-step tf.functions (steps.py) under a Trainer (trainer.py), the
+moving average as replica-local variables (ema.py), XLA's rules (xla.py), its persistent caches
 (compile_cache.py), TPU Nodes' runtime versions (tpu_runtime.py).
 Checkpoints are tf.train.Checkpoint's files. Modules here import
 TensorFlow; this one does not, so the choice of backend stays light.
@@ -81,8 +81,8 @@ class TensorFlowBackend:
     return dali_lib.distribute(hardware, dali_input)
 
   def sum_over_workers(self, hardware):
-    from pipeline.backends.tensorflow import devices  # pylint: disable=g-import-not-at-top
-    return devices.sum_over_workers(hardware.strategy)
+    from pipeline.backends.tensorflow import workers  # pylint: disable=g-import-not-at-top
+    return workers.sum_over_workers(hardware.strategy)
 
   def profiler(self):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -20,7 +20,7 @@ from pipeline.backends.tensorflow import dali_input
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.backends.tensorflow import graph_rewrite
 from pipeline.backends.tensorflow import steps
-from pipeline.backends.tensorflow.devices import peers_lost_in_one_line
+from pipeline.backends.tensorflow.workers import peers_lost_in_one_line
 from pipeline.data import dali
 from pipeline.data import decode
 from pipeline.data import tfrecords
