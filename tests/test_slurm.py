@@ -129,11 +129,15 @@ def _joined(output, job):
   return tasks
 
 
-def _wait_for(path, pattern, timeout=600):
+def _wait_for(path, pattern, running, timeout=600):
+  """Waits until `path` holds `pattern`, while `running()` is true."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
+    alive = running()
     if path.exists() and re.search(pattern, path.read_text()):
       return
+    if not alive:
+      break
     time.sleep(1)
   raise AssertionError(f'{pattern!r} not in {path}: '
                        f'{path.read_text()[-3000:] if path.exists() else ""}')
@@ -157,7 +161,7 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
   with open(log, 'w') as out:
     first = subprocess.Popen(command, cwd=REPO, env=slurm, stdout=out,
                              stderr=subprocess.STDOUT)
-  _wait_for(log, r'\n1: .*step \d+/160')
+  _wait_for(log, r'\n1: .*step \d+/160', lambda: first.poll() is None)
   job = subprocess.run(['squeue', '-h', '-n', 'kill', '-o', '%i'], env=slurm,
                        capture_output=True, text=True).stdout.strip()
   os.kill(_task_pid(workdir, 1), signal.SIGKILL)
@@ -229,7 +233,8 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
   job = subprocess.run(
       [*sbatch, f'--output={first_log}', script, *args], cwd=REPO, env=slurm,
       capture_output=True, text=True, check=True).stdout.strip()
-  _wait_for(first_log, r'First execution')
+  _wait_for(first_log, r'First execution',
+            lambda: bool(_job_state(slurm, job)))
   subprocess.run(['scancel', job], env=slurm, check=True)
   deadline = time.monotonic() + 180
   while _job_state(slurm, job) and time.monotonic() < deadline:
