@@ -53,7 +53,9 @@ def slurm(tmp_path_factory):
   host = socket.gethostname()
   conf = root / 'slurm.conf'
   conf.write_text('\n'.join([
-      'ClusterName=test', f'SlurmctldHost={host}', 'SlurmUser=root',
+      # Addresses, not names: a CI machine's own name may not resolve. The
+      # node is `localhost`, which the tasks' JAX and TensorFlow reach.
+      'ClusterName=test', f'SlurmctldHost={host}(127.0.0.1)', 'SlurmUser=root',
       'SlurmdUser=root', 'AuthType=auth/none', 'CredType=cred/none',
       'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none',
       'MpiDefault=none', 'SelectType=select/cons_tres',
@@ -67,7 +69,8 @@ def slurm(tmp_path_factory):
       # What a site gives tasks between SIGTERM and SIGKILL (default 30 s);
       # JAX's steps on this CPU take seconds each.
       'KillWait=60',
-      f'NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN',
+      f'NodeName=localhost NodeAddr=127.0.0.1 CPUs={os.cpu_count()} '
+      'State=UNKNOWN',
       'PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP '
       'OverSubscribe=YES', '']))
   (root / 'state').mkdir()
@@ -75,10 +78,10 @@ def slurm(tmp_path_factory):
   env = dict(os.environ, SLURM_CONF=str(conf),
              PATH=f'{os.path.dirname(sys.executable)}{os.pathsep}'
                   f'{os.environ["PATH"]}')
-  daemons = [subprocess.Popen([daemon, '-D', '-f', str(conf)], env=env,
+  daemons = [subprocess.Popen([*daemon, '-D', '-f', str(conf)], env=env,
                               stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-             for daemon in ('slurmctld', 'slurmd')]
+             for daemon in (['slurmctld'], ['slurmd', '-N', 'localhost'])]
   try:
     deadline = time.monotonic() + 60
     while subprocess.run(['srun', '-n', '1', 'true'], env=env,

@@ -148,9 +148,10 @@ def _join_hosts():
       return None
     raise UserError(f'{failed} ({type(e).__name__}: {first_line(e)})') \
         from None
-  return found or cluster_lib.Cluster(
-      engine + ' (a Cloud TPU pod slice, or Kubernetes)',
-      jax.process_count(), jax.process_index())
+  if found or jax.process_count() == 1:  # One TPU VM: no others to join.
+    return found
+  return cluster_lib.Cluster(engine + ' (a Cloud TPU pod slice, or Kubernetes)',
+                             jax.process_count(), jax.process_index())
 
 
 # What a collective or JAX's coordination service raises when another host
