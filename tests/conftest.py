@@ -48,6 +48,21 @@ def run_train(*args, env=None, timeout=600):
   return run_module('launch.train', *args, env=env, timeout=timeout)
 
 
+def free_port():
+  """A TCP port nothing listens on now."""
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(('', 0))
+    return s.getsockname()[1]
+
+
+def tf_config(ports, index):
+  """TF_CONFIG for worker `index` of workers on loopback at `ports`."""
+  import json  # pylint: disable=g-import-not-at-top
+  return json.dumps({'cluster': {'worker': [f'127.0.0.1:{p}' for p in ports]},
+                     'task': {'type': 'worker', 'index': index}})
+
+
 def tiny_args(workdir, tfds_dir, *extra):
   """Flags for the smallest real run: B0 at 32 px on a slice of digits."""
   return (f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',

@@ -4,7 +4,6 @@ started by launch.data_service for the slow end-to-end run)."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,9 @@ from pipeline.data import data_service
 from pipeline.data import sources
 from pipeline.data import tfrecords
 from tests.conftest import REPO
+from tests.conftest import free_port
 from tests.conftest import run_train
 from tests.conftest import tiny_args
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _tfrecord_config(root, **overrides):
@@ -50,7 +44,7 @@ def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
   _write_set(tmp_path)
   dispatcher = tf.data.experimental.service.DispatchServer()
   address = dispatcher.target.removeprefix('grpc://')
-  workers = [data_service.start_worker(_free_port(), address)
+  workers = [data_service.start_worker(free_port(), address)
              for _ in range(2)]
   config = _tfrecord_config(tmp_path, data_service=dispatcher.target)
   source = sources.load_source(config)
@@ -73,15 +67,15 @@ def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
 @pytest.mark.slow
 def test_a_run_reads_through_a_local_dispatcher_and_two_workers(tmp_path,
                                                                  tfds_dir):
-  port = _free_port()
+  port = free_port()
   started = [subprocess.Popen(
       [sys.executable, '-m', 'launch.data_service', *args], cwd=REPO,
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for args in (
                  ['--role=dispatcher', f'--port={port}'],
-                 ['--role=worker', f'--port={_free_port()}',
+                 ['--role=worker', f'--port={free_port()}',
                   f'--dispatcher=localhost:{port}'],
-                 ['--role=worker', f'--port={_free_port()}',
+                 ['--role=worker', f'--port={free_port()}',
                   f'--dispatcher=localhost:{port}'])]
   try:
     time.sleep(10)  # TensorFlow's import; the trainer retries meanwhile.

@@ -23,6 +23,7 @@ import time
 import pytest
 import tensorflow as tf
 
+from conftest import free_port
 from conftest import REPO
 from conftest import check_exports_agree
 from conftest import check_tflite_agrees_with_the_saved_model
@@ -361,7 +362,7 @@ def test_two_hosts_stop_together_on_sigterm_and_resume(tfds_dir, tmp_path):
   workdir = tmp_path / 'run'
 
   def start():
-    port = _free_port()
+    port = free_port()
     return [subprocess.Popen(
         [sys.executable, '-m', 'launch.train',
          *_args(workdir, tfds_dir, '--config.ema_decay=0',
@@ -438,7 +439,7 @@ def test_every_launchers_variables_join_two_processes(tmp_path, tfds_dir):
   Then a host that never starts: the one that did stops in one line naming
   the engine and the timeout, within it."""
   started = []
-  for engine, variables in _engine_variables(_free_port()).items():
+  for engine, variables in _engine_variables(free_port()).items():
     for i in range(2):
       env = dict(os.environ, **variables(i))
       started.append((engine, i, subprocess.Popen(
@@ -453,7 +454,7 @@ def test_every_launchers_variables_join_two_processes(tmp_path, tfds_dir):
             f'this is process {i}') in output, output[-3000:]
 
   alone = dict(os.environ, JAX_INITIALIZATION_TIMEOUT_S='5',
-               **_engine_variables(_free_port())['XPK (NNODES, NODE_RANK)'](0))
+               **_engine_variables(free_port())['XPK (NNODES, NODE_RANK)'](0))
   began = time.monotonic()
   result = subprocess.run(
       [sys.executable, '-m', 'launch.train', '--dry_run',
@@ -465,13 +466,6 @@ def test_every_launchers_variables_join_two_processes(tmp_path, tfds_dir):
           'NODE_RANK) within 5 s (JAX_INITIALIZATION_TIMEOUT_S)') in \
       result.stderr, result.stderr[-3000:]
   assert time.monotonic() - began < 120
-
-
-def _free_port():
-  import socket  # pylint: disable=g-import-not-at-top
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.slow  # two backends' compiles: about 3.5 minutes here

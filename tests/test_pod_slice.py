@@ -12,12 +12,13 @@ runs on this machine are left alone.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import uuid
 
+from conftest import free_port
+from conftest import tf_config
 from conftest import REPO
 from conftest import tiny_args
 
@@ -40,17 +41,6 @@ sys.exit(max(subprocess.run(['bash', '-c', options['command']],
                             env=dict(os.environ, **env)).returncode
              for env in workers))
 '''
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def _tf_config(ports, index):
-  return json.dumps({'cluster': {'worker': [f'127.0.0.1:{p}' for p in ports]},
-                     'task': {'type': 'worker', 'index': index}})
 
 
 def _launch(tmp_path, workers, train_args, *flags, name='slice'):
@@ -79,8 +69,8 @@ def test_every_worker_runs_the_same_command_after_earlier_runs_end(
   stale = subprocess.Popen(['bash', '-c', trainer.format('stale')],
                            env=dict(os.environ, PIPELINE_POD=name))
   bystander = subprocess.Popen(['bash', '-c', trainer.format('other')])
-  ports = [_free_port(), _free_port()]
-  result = _launch(tmp_path, [{'TF_CONFIG': _tf_config(ports, i)}
+  ports = [free_port(), free_port()]
+  result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
                               for i in range(2)],
                    ['--dry_run', *tiny_args(str(tmp_path / 'run'), tfds_dir)],
                    name=name)
@@ -110,9 +100,9 @@ def test_a_worker_that_fails_is_named_and_the_others_stop(tmp_path,
   """Worker 1 stops at once (a bad TF_CONFIG); worker 0, waiting for it to
   join, gets SIGTERM from the launcher, which TensorFlow's coordination
   service takes while it waits, then SIGKILL after --stop_wait_s."""
-  ports = [_free_port(), _free_port()]
+  ports = [free_port(), free_port()]
   began = time.monotonic()
-  result = _launch(tmp_path, [{'TF_CONFIG': _tf_config(ports, 0)},
+  result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, 0)},
                               {'TF_CONFIG': '{"cluster": {}}'}],
                    tiny_args(str(tmp_path / 'run'), tfds_dir),
                    '--stop_wait_s=10', name=f'slice-{uuid.uuid4().hex[:8]}')

@@ -8,13 +8,14 @@ together under MultiWorkerMirroredStrategy.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
 
+from conftest import free_port
+from conftest import tf_config
 from conftest import REPO, run_train, tiny_args
 from conftest import sigterm_groups_once_it_prints
 from conftest import stopped_at_one_step
@@ -30,27 +31,16 @@ from pipeline.rules import request as request_lib
 from pipeline.rules import schedule
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def _tf_config(ports, index):
-  return json.dumps({'cluster': {'worker': [f'127.0.0.1:{p}' for p in ports]},
-                     'task': {'type': 'worker', 'index': index}})
-
-
 # 75 s: the slow tier, beside the two-worker SIGTERM test; the fast suite
 # keeps its 15 minutes.
 @pytest.mark.slow
 def test_two_workers_train_together(tmp_path, tfds_dir):
-  ports = [_free_port(), _free_port()]
+  ports = [free_port(), free_port()]
   workdir = tmp_path / 'run'
   args = tiny_args(str(workdir), tfds_dir)
   processes = [subprocess.Popen(
       [sys.executable, '-m', 'launch.train', *args], cwd=REPO,
-      env=dict(os.environ, TF_CONFIG=_tf_config(ports, i)),
+      env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
   outputs = [p.communicate(timeout=600)[1] for p in processes]
@@ -99,7 +89,7 @@ def test_a_worker_that_never_starts_stops_the_other_in_one_line(tmp_path,
   began = time.monotonic()
   result = run_train(f'--workdir={tmp_path}', f'--config.data_dir={tfds_dir}',
                      '--collective_timeout_s=5', env={
-                         'TF_CONFIG': _tf_config([_free_port()] * 2, 0)},
+                         'TF_CONFIG': tf_config([free_port()] * 2, 0)},
                      timeout=300)
   assert result.returncode == -9 and 'Traceback' not in result.stderr
   assert ('error: could not join the other workers through TF_CONFIG within '
@@ -302,7 +292,7 @@ def _installed(distribution):
 def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
                                                              tfds_dir):
   import time  # pylint: disable=g-import-not-at-top
-  ports = [_free_port(), _free_port()]
+  ports = [free_port(), free_port()]
   workdir = tmp_path / 'run'
   args = tiny_args(str(workdir), tfds_dir, '--config.epochs=40',
                    '--config.checkpoint_every_steps=8',
@@ -313,7 +303,7 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
     # scratch folder (pipeline/storage/checkpoint.py); it stays under tmp_path.
     return subprocess.Popen(
         [sys.executable, '-m', 'launch.train', *args, *extra], cwd=REPO,
-        env=dict(os.environ, TF_CONFIG=_tf_config(ports, index),
+        env=dict(os.environ, TF_CONFIG=tf_config(ports, index),
                  TMPDIR=str(tmp_path)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -347,7 +337,7 @@ def test_sigterm_to_one_worker_or_all_stops_both_at_the_same_step(tmp_path,
   every worker at once (each VM shutting down): the requests are
   all-reduced at every execution boundary, so both save at one step and
   exit resumably; a restart of both resumes from the chief's checkpoint."""
-  ports = [_free_port(), _free_port()]
+  ports = [free_port(), free_port()]
   workdir = tmp_path / 'run'
 
   def start(epochs):
@@ -355,7 +345,7 @@ def test_sigterm_to_one_worker_or_all_stops_both_at_the_same_step(tmp_path,
         [sys.executable, '-m', 'launch.train',
          *tiny_args(str(workdir), tfds_dir, f'--config.epochs={epochs}',
                     '--config.checkpoint_every_steps=1000')],
-        cwd=REPO, env=dict(os.environ, TF_CONFIG=_tf_config(ports, i)),
+        cwd=REPO, env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         process_group=0)
             for i in range(2)]

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from conftest import free_port
 from conftest import REPO
 
 BACKEND = os.environ.get('KERAS_BACKEND', 'tensorflow')
@@ -29,12 +30,6 @@ REQUIRED = os.environ.get('PIPELINE_REQUIRE_SLURM') == '1'
 # JAX on this CPU: 5 minutes a test (four processes compile or start);
 # its batch-script test keeps the JAX tier's, this one the slow tier's.
 SLOW_ON_JAX = pytest.mark.slow if BACKEND == 'jax' else (lambda test: test)
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('', 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope='module')
@@ -60,7 +55,7 @@ def slurm(tmp_path_factory):
       'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none',
       'MpiDefault=none', 'SelectType=select/cons_tres',
       'SelectTypeParameters=CR_CPU', 'ReturnToService=2',
-      f'SlurmctldPort={_free_port()}', f'SlurmdPort={_free_port()}',
+      f'SlurmctldPort={free_port()}', f'SlurmdPort={free_port()}',
       f'StateSaveLocation={root}/state', f'SlurmdSpoolDir={root}/spool',
       f'SlurmctldPidFile={root}/slurmctld.pid',
       f'SlurmdPidFile={root}/slurmd.pid',
