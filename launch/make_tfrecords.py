@@ -29,6 +29,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+from configs import default
 from pipeline.data import image_folder
 from pipeline.data import photos
 from pipeline.data import tfrecords
@@ -56,8 +57,8 @@ _EVAL_DIR = flags.DEFINE_string(
     'eval_dir', '', '--from_dir: a folder of the same class folders to '
     'write as eval-*; without it --eval_fraction of each class.')
 _EVAL_FRACTION = flags.DEFINE_float(
-    'eval_fraction', 0.1, '--from_dir: the share of each class held out, '
-    'as --config.eval_fraction holds it out.')
+    'eval_fraction', default.get_config().eval_fraction, '--from_dir: the '
+    'share of each class held out, as --config.eval_fraction holds it out.')
 
 
 def from_dir(output_dir):
