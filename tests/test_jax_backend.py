@@ -279,8 +279,7 @@ def test_gpus_that_jax_cannot_see_stop_the_run_naming_the_fix(tfds_dir,
   path = f'{folder}{os.pathsep}{os.environ["PATH"]}'
   result = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run',
                      env={'PATH': path})
-  # The watchdog's SIGKILL: JAX's join holds the process in native code.
-  assert result.returncode == -9 and 'Traceback' not in result.stderr
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
       'error: this machine has 1 NVIDIA GPU(s) (nvidia-smi -L) but JAX '
       '0.10.2 sees none: no CUDA plugin is installed (this jaxlib runs on '
@@ -300,8 +299,7 @@ def test_compare_passes_the_backend_to_its_runs(tfds_dir, tmp_path):
   result = run_module('launch.compare', '--backend=jax', f'--workdir={root}',
                       f'--config.data_dir={tfds_dir}',
                       '--policies=rewrite', timeout=300)
-  # The watchdog's SIGKILL: JAX's join holds the process in native code.
-  assert result.returncode == -9 and 'Traceback' not in result.stderr
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
   # The failed run, named with its own error, then that none finished.
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
   assert len(errors) == 2, result.stderr[-2000:]
