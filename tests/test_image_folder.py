@@ -19,6 +19,7 @@ from conftest import make_tree
 from conftest import run_module
 from conftest import run_train
 from configs import default
+from pipeline.data import decode
 from pipeline.data import image_folder
 from pipeline.data import sources
 from pipeline.errors import UserError
@@ -101,8 +102,8 @@ def test_bad_trees_in_one_line(tmp_path, setup, message):
 
 def test_trains_records_the_names_and_predict_names_a_file(tree, tmp_path):
   """The issue's command: trains, holds out an eval split, prints and
-  records the class names; the damaged file is skipped and counted; the
-  exported model names a file's class; a changed tree will not resume."""
+  records the class names; the damaged file is skipped, counted and named;
+  the exported model names a file's class; a changed tree will not resume."""
   workdir = tmp_path / 'run'
   result = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
                      f'--config.train_dir={tree}', '--config.epochs=3',
@@ -113,6 +114,7 @@ def test_trains_records_the_names_and_predict_names_a_file(tree, tmp_path):
   assert run['resolved']['class_names'] == list(NAMES)
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['skipped_records'] >= 1  # The damaged PNG, once an epoch.
+  assert f'{decode.SKIPPED_LINE}{tree}/three/damaged.png' in result.stderr
   image = tree / 'seven' / '0.png'
   predicted = run_module('launch.predict', f'--model={workdir}/export',
                          str(image))

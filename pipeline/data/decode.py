@@ -158,46 +158,76 @@ def to_uint8(image):
   return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
 
-# --- decode, count what cannot be decoded -------------------------------------
+# --- decode, count and name what cannot be decoded ---------------------------
 #
-# A record that cannot be decoded is skipped and counted. The count travels
-# with the data: each training example carries the number of records skipped
-# just before it in its stream, and the train step sums them. So it needs no
-# host variable, and it holds where the pipeline runs on other machines
-# (tf.data service workers). Evaluation counts by difference: records minus
-# examples evaluated.
+# A record that cannot be decoded is skipped, counted and named. The count
+# travels with the data: each training example carries the number of records
+# skipped just before it in its stream, and the train step sums them. So it
+# needs no host variable, and it holds where the pipeline runs on other
+# machines (tf.data service workers). Evaluation counts by difference:
+# records minus examples evaluated. Each record also carries the origins (its
+# file) of the few before it, so the first one decoded after a gap names the
+# records in it on stderr.
+
+# Origins kept per record: a gap longer than this names its last ones.
+NAMED_PER_GAP = 8
 
 
 def decoded_records(records, parse, decode, image_shape, num_classes):
   """Parses and decodes records, skipping those that fail: elements
   (image, int32 label, skipped), `skipped` the records dropped just before
-  this one.
+  this one, whose origins are printed.
 
   `decode(encoded)` -> uint8 image of `image_shape`. Records are numbered
   before decoding; after ignore_errors() the gaps in the numbering are the
   skipped records (an ordered map keeps the numbers in order: no measurable
-  cost, BUILD_NOTES.md). Labels are checked after the skipping, so a bad
-  label stops the run rather than pass for a bad record.
+  cost, BUILD_NOTES.md). Every source's record ends with its origin. Labels
+  are checked after the skipping, so a bad label stops the run rather than
+  pass for a bad record.
   """
-  def decode_record(index, record):
+  def remember(recent, element):
+    index, record = element
+    recent = tf.concat([recent[1:], [record[-1]]], 0)
+    return recent, (index, record, recent)
+
+  def decode_record(index, record, recent):
     encoded, label, origin = parse(*record)
     return (index, tf.ensure_shape(decode(encoded), image_shape),
-            tf.cast(label, tf.int64), origin)
+            tf.cast(label, tf.int64), origin, recent)
 
-  dataset = records.enumerate().map(
-      decode_record, num_parallel_calls=DECODES_IN_FLIGHT,
-      deterministic=True).ignore_errors()
+  dataset = records.enumerate().scan(
+      tf.fill([NAMED_PER_GAP + 1], ''), remember).map(
+          decode_record, num_parallel_calls=DECODES_IN_FLIGHT,
+          deterministic=True).ignore_errors()
 
   def count_gap(last, element):
-    index, image, label, origin = element
+    index, image, label, origin, recent = element
     in_range = (label >= 0) & (label < num_classes)
     check = tf.debugging.Assert(in_range, [LABEL_ERROR, label, origin],
                                 summarize=1)
-    with tf.control_dependencies([check]):
-      return index, (image, tf.cast(label, tf.int32),
-                     tf.cast(index - last - 1, tf.int32))
+    gap = index - last - 1
+    named = tf.cond(gap > 0, lambda: _name_skipped(gap, recent),
+                    tf.no_op)
+    with tf.control_dependencies([check, named]):
+      return index, (image, tf.cast(label, tf.int32), tf.cast(gap, tf.int32))
 
   return dataset.scan(tf.constant(-1, tf.int64), count_gap)
+
+
+def _name_skipped(gap, recent):
+  """Prints the origins of the `gap` records before the last of `recent`."""
+  shown = tf.minimum(gap, NAMED_PER_GAP)
+  names = recent[NAMED_PER_GAP - tf.cast(shown, tf.int32):NAMED_PER_GAP]
+  more = tf.cond(gap > shown, lambda: tf.strings.join(
+      [' and ', tf.strings.as_string(gap - shown), ' more before them']),
+                 lambda: tf.constant(''))
+  # PrintV2 writes a string as it is; tf.print would quote it.
+  return tf.raw_ops.PrintV2(input=tf.strings.join(
+      [SKIPPED_LINE, tf.strings.reduce_join(names, separator=', '), more]),
+                            output_stream='stderr')
+
+
+SKIPPED_LINE = 'Skipped, cannot be decoded: '
 
 
 def without_skips(image, label, skipped):

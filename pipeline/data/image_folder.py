@@ -10,7 +10,8 @@ hosts and a file added later does not move the others.
 Files are listed once (tf.io.gfile, which reads gs:// too), each file is
 one record (its bytes, its label, its path), and records are sharded per
 host before anything is read; decoding is the common path's (decode.py:
-a JPEG's crop window alone, an undecodable file skipped and counted).
+a JPEG's crop window alone, an undecodable file skipped, counted and
+named).
 """
 
 import hashlib
@@ -112,7 +113,7 @@ def splits(config):
 def read_files(files, input_context, shuffle, seed):
   """(bytes, label, path) records of this pipeline's share of `files`,
   sharded before anything is read. A file gone since it was listed is
-  passed over; one that does not decode is skipped and counted later."""
+  passed over; one that does not decode is skipped, counted and named later."""
   paths, labels = zip(*files)
   dataset = tf.data.Dataset.from_tensor_slices(
       (list(paths), list(labels))).shard(
