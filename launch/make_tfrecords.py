@@ -72,7 +72,7 @@ def from_dir(output_dir):
     path = os.path.join(output_dir, prefix)
     count = tfrecords.write_shards(
         path, _NUM_FILES.value,
-        ((tf.io.gfile.GFile(name, 'rb').read(), label + _LABEL_OFFSET.value)
+        ((image_folder.read_bytes(name), label + _LABEL_OFFSET.value)
          for name, label in files[split]))
     logging.info('Wrote %d %s images of %d classes to %s-*', count, split,
                  len(names), path)

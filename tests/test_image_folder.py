@@ -4,8 +4,8 @@ The tree is made here from the bundled digits: PNG and JPEG files, some in
 sub-folders, one damaged file and a file manager's hidden file. It trains
 as it is through `launch.train`, its eval split holds across runs and
 hosts, it converts to TFRecords with its class names, and each bad tree is
-one line. tests/test_jax_backend.py trains the same tree on JAX, and
-tests/test_gcs_run.py reads it from the GCS emulator.
+one line. The same tree on the GCS emulator lists, splits, trains and
+converts as it does locally. tests/test_jax_backend.py trains it on JAX.
 """
 
 import json
@@ -149,3 +149,65 @@ def test_to_tfrecords_with_the_class_names(tree, tmp_path):
   assert sorted(os.listdir(output)) == [
       'eval-00000-of-00002', 'eval-00001-of-00002', 'labels.txt',
       'train-00000-of-00002', 'train-00001-of-00002']
+
+
+@pytest.fixture(scope='module')
+def gcs_tree(emulator, tree):
+  """The same tree in the emulator's bucket, and a class folder that holds
+  only the empty `name/` object a console makes for a folder."""
+  bucket = emulator.client().bucket('runs')
+  for path in sorted(tree.rglob('*')):
+    if path.is_file():
+      bucket.blob(f'photos/{path.relative_to(tree)}').upload_from_filename(
+          str(path))
+  bucket.blob('empty_class/cat/').upload_from_string(b'')
+  bucket.blob('empty_class/dog/1.png').upload_from_filename(
+      str(tree / 'one' / '0.png'))
+  return 'gs://runs/photos'
+
+
+def test_on_cloud_storage_the_same_classes_split_and_bytes(gcs_tree, tree):
+  """One listing of the bucket gives what the local walk gives: the same
+  names, labels and held-out split (hashed on paths below the root)."""
+  local = sources.load_source(_config(train_dir=str(tree)))
+  remote = sources.load_source(_config(train_dir=gcs_tree))
+  assert remote.class_names == NAMES
+  for split in ('train', 'eval'):
+    assert [p.replace(gcs_tree, str(tree)) for p in _paths(remote, split)] == \
+        _paths(local, split)
+  context = tf.distribute.InputContext()
+  read = {path.decode(): (encoded, label) for encoded, label, path in
+          remote.read('eval', context, False, None).as_numpy_iterator()}
+  for path, (encoded, label) in list(read.items())[:5]:
+    local_path = path.replace(gcs_tree, str(tree))
+    assert encoded == open(local_path, 'rb').read()
+    assert NAMES[label] == local_path.split('/')[len(str(tree).split('/'))]
+
+
+@pytest.mark.parametrize('root, message', [
+    ('gs://runs/no_such_tree', "image folder 'gs://runs/no_such_tree' does "
+     'not exist'),
+    ('gs://no-such-bucket/photos', "bucket 'no-such-bucket' does not exist"),
+    ('gs://runs/empty_class', "class folder 'gs://runs/empty_class/cat' "
+     'holds no images'),
+])
+def test_bad_trees_on_cloud_storage_in_one_line(gcs_tree, root, message):
+  del gcs_tree
+  with pytest.raises(UserError) as error:
+    sources.load_source(_config(train_dir=root))
+  assert message in str(error.value) and '\n' not in str(error.value)
+
+
+def test_trains_from_cloud_storage_and_converts_from_it(gcs_tree, tmp_path):
+  workdir = tmp_path / 'run'
+  result = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
+                     f'--config.train_dir={gcs_tree}', '--config.epochs=1',
+                     '--config.global_batch_size=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'Classes: {", ".join(NAMES)}' in result.stderr
+  assert f'{decode.SKIPPED_LINE}{gcs_tree}/three/damaged.png' in result.stderr
+  output = tmp_path / 'records'
+  converted = run_module('launch.make_tfrecords', f'--from_dir={gcs_tree}',
+                         f'--output_dir={output}', '--num_files=1')
+  assert converted.returncode == 0, converted.stderr[-3000:]
+  assert (output / image_folder.LABELS_FILE).read_text().split() == list(NAMES)

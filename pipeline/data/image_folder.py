@@ -7,7 +7,8 @@ eval folder, a fixed fraction of each class is held out, chosen by a hash
 of the file's path below the root, so it never changes between runs or
 hosts and a file added later does not move the others.
 
-Files are listed once (tf.io.gfile, which reads gs:// too), each file is
+Files are listed once (tf.io.gfile; on gs:// one listing of the bucket
+through google-cloud-storage, which also reaches an emulator), each file is
 one record (its bytes, its label, its path), and records are sharded per
 host before anything is read; decoding is the common path's (decode.py:
 a JPEG's crop window alone, an undecodable file skipped, counted and
@@ -20,6 +21,7 @@ import os
 import tensorflow as tf
 
 from pipeline.errors import UserError
+from pipeline.storage import gcs
 
 # What TensorFlow's decode_image reads, by extension.
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
@@ -33,8 +35,40 @@ LABELS_FILE = 'labels.txt'
 def list_classes(root):
   """(class names, [(path, label)]) of the tree under `root`; a one-line
   UserError for a missing or empty tree, an empty class folder, or a file
-  of a kind TensorFlow does not decode."""
+  of a kind TensorFlow does not decode. Hidden files and folders (a
+  notebook's .ipynb_checkpoints) are passed over."""
   root = root.rstrip('/')
+  folders, relatives = (_gcs_tree if gcs.is_gcs(root) else _tree)(root)
+  names = sorted(name for name in folders if not name.startswith('.'))
+  if not names:
+    raise UserError(f'image folder {root!r} holds no class folders; it must '
+                    f'hold one folder per class (e.g. {root}/cat/1.jpg) of '
+                    f'{ACCEPTED}')
+  images = {name: [] for name in names}
+  for relative in sorted(relatives):
+    parts = relative.split('/')
+    if len(parts) < 2 or any(part.startswith('.') for part in parts):
+      continue  # Beside the class folders, or hidden.
+    if parts[-1].lower() in IGNORED:
+      continue
+    path = f'{root}/{relative}'
+    if not parts[-1].lower().endswith(IMAGE_EXTENSIONS):
+      raise UserError(f'{path!r} is not an image this pipeline reads; '
+                      f'accepted: {ACCEPTED} (hidden files are passed over)')
+    images[parts[0]].append(path)
+  files = []
+  for label, name in enumerate(names):
+    if not images[name]:
+      folder = f'{root}/{name}'
+      raise UserError(f'class folder {folder!r} holds no images; put '
+                      f'{ACCEPTED} in it, or remove it')
+    files.extend((path, label) for path in images[name])
+  return tuple(names), files
+
+
+def _tree(root):
+  """(top folder names, file paths relative to `root`) of a local tree,
+  or one on any file system tf.io.gfile reads."""
   try:
     exists = tf.io.gfile.isdir(root)
   except tf.errors.OpError as e:
@@ -43,36 +77,28 @@ def list_classes(root):
   if not exists:
     raise UserError(f'image folder {root!r} does not exist; it must hold one '
                     f'folder per class of {ACCEPTED}')
-  names = sorted(name.rstrip('/') for name in tf.io.gfile.listdir(root)
-                 if tf.io.gfile.isdir(os.path.join(root, name.rstrip('/'))))
+  folders = [name.rstrip('/') for name in tf.io.gfile.listdir(root)
+             if tf.io.gfile.isdir(f'{root}/{name.rstrip("/")}')]
+  relatives = [os.path.relpath(os.path.join(directory, filename), root)
+               for directory, _, filenames in tf.io.gfile.walk(root)
+               for filename in filenames]
+  return folders, relatives
+
+
+def _gcs_tree(root):
+  """The same from one listing of the bucket: GCS has no folders, only
+  names with slashes (and the empty `name/` objects consoles make)."""
+  location = gcs.Location(root)
+  try:
+    names = location.list()
+  except gcs.exceptions.NotFound:
+    raise UserError(f'bucket {location.bucket_name!r} does not exist (image '
+                    f'folder {root})') from None
   if not names:
-    raise UserError(f'image folder {root!r} holds no class folders; it must '
-                    f'hold one folder per class (e.g. {root}/cat/1.jpg) of '
-                    f'{ACCEPTED}')
-  files = []
-  for label, name in enumerate(names):
-    images = _images(os.path.join(root, name))
-    if not images:
-      raise UserError(f'class folder {os.path.join(root, name)!r} holds no '
-                      f'images; put {ACCEPTED} in it, or remove it')
-    files.extend((path, label) for path in images)
-  return tuple(names), files
-
-
-def _images(folder):
-  """The sorted image files under `folder`, sub-folders included."""
-  found = []
-  for directory, _, filenames in tf.io.gfile.walk(folder):
-    for filename in filenames:
-      lower = filename.lower()
-      if lower.startswith('.') or lower in IGNORED:
-        continue
-      path = os.path.join(directory, filename)
-      if not lower.endswith(IMAGE_EXTENSIONS):
-        raise UserError(f'{path!r} is not an image this pipeline reads; '
-                        f'accepted: {ACCEPTED} (hidden files are passed over)')
-      found.append(path)
-  return sorted(found)
+    raise UserError(f'image folder {root!r} does not exist; it must hold one '
+                    f'folder per class of {ACCEPTED}')
+  folders = {name.split('/')[0] for name in names if '/' in name}
+  return folders, [name for name in names if not name.endswith('/')]
 
 
 def held_out(path, root, fraction):
@@ -121,10 +147,30 @@ def read_files(files, input_context, shuffle, seed):
   if shuffle:
     dataset = dataset.shuffle(len(paths), seed=seed,
                               reshuffle_each_iteration=True)
-  return dataset.map(lambda path, label: (tf.io.read_file(path), label, path),
+  read = _reader(paths)
+  return dataset.map(lambda path, label: (read(path), label, path),
                      num_parallel_calls=tf.data.AUTOTUNE,
                      deterministic=not shuffle or seed is not None
                      ).ignore_errors()
+
+
+def _reader(paths):
+  """What reads a file in tf.data: TensorFlow's own reader, local or gs://;
+  on gs:// with STORAGE_EMULATOR_HOST set, the google-cloud-storage client,
+  as TensorFlow's gs:// cannot reach an emulator."""
+  if not (gcs.emulated() and gcs.is_gcs(paths[0])):
+    return tf.io.read_file
+  return lambda path: tf.ensure_shape(tf.numpy_function(
+      lambda name: read_bytes(name.decode()), [path], tf.string,
+      stateful=False), [])
+
+
+def read_bytes(path):
+  """A file's bytes, by the same rule as _reader."""
+  if gcs.is_gcs(path) and gcs.emulated():
+    return gcs.read_object(path)
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    return f.read()
 
 
 def write_labels(folder, names):

@@ -11,6 +11,7 @@ up to `timeout_s`; what still fails raises GcsError, a UserError: the
 launchers print its one line and exit non-zero.
 """
 
+import functools
 import json
 import os
 
@@ -37,6 +38,26 @@ class GcsError(UserError):
 
 def is_gcs(path):
   return str(path).startswith('gs://')
+
+
+def emulated():
+  """Whether gs:// is a GCS emulator (STORAGE_EMULATOR_HOST, which the
+  client honours and TensorFlow's own gs:// does not)."""
+  return bool(os.environ.get('STORAGE_EMULATOR_HOST'))
+
+
+def read_object(url):
+  """The bytes of the object at `url`, through one client per bucket."""
+  location = _location(url[:url.index('/', len('gs://'))])
+  relative = url[len(location.url) + 1:]
+  return location.call(f'reading {url}',
+                       location.bucket.blob(location.name(relative))
+                       .download_as_bytes)
+
+
+@functools.lru_cache(maxsize=None)
+def _location(bucket_url):
+  return Location(bucket_url)
 
 
 def split_url(url):
@@ -131,12 +152,13 @@ class Location:
   def list(self, relative_prefix=''):
     """Relative names of the objects under `relative_prefix`."""
     start = len(self.prefix) + 1 if self.prefix else 0
-    blobs = self.call(
+    # Names alone, kept as they arrive: an image folder can list millions.
+    return self.call(
         f'listing {self.url}/{relative_prefix}',
-        lambda retry: list(self.bucket.client.list_blobs(
-            self.bucket_name, prefix=self.name(relative_prefix),
-            retry=retry)))
-    return [b.name[start:] for b in blobs]
+        lambda retry: [blob.name[start:] for blob in
+                       self.bucket.client.list_blobs(
+                           self.bucket_name, prefix=self.name(relative_prefix),
+                           fields='items(name),nextPageToken', retry=retry)])
 
   def delete(self, relative):
     try:
