@@ -18,6 +18,7 @@ named).
 import hashlib
 import os
 
+from google.api_core import exceptions
 import tensorflow as tf
 
 from pipeline.errors import UserError
@@ -91,7 +92,7 @@ def _gcs_tree(root):
   location = gcs.Location(root)
   try:
     names = location.list()
-  except gcs.exceptions.NotFound:
+  except exceptions.NotFound:
     raise UserError(f'bucket {location.bucket_name!r} does not exist (image '
                     f'folder {root})') from None
   if not names:
