@@ -100,21 +100,27 @@ def test_bad_trees_in_one_line(tmp_path, setup, message):
   assert '\n' not in str(error.value)
 
 
+def _train(root, workdir, epochs):
+  """Trains on the tree at `root`: it prints the class names and names the
+  damaged file it skipped."""
+  result = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
+                     f'--config.train_dir={root}', f'--config.epochs={epochs}',
+                     '--config.global_batch_size=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'Classes: {", ".join(NAMES)}' in result.stderr
+  assert f'{decode.SKIPPED_LINE}{root}/three/damaged.png' in result.stderr
+
+
 def test_trains_records_the_names_and_predict_names_a_file(tree, tmp_path):
   """The issue's command: trains, holds out an eval split, prints and
   records the class names; the damaged file is skipped, counted and named;
   the exported model names a file's class; a changed tree will not resume."""
   workdir = tmp_path / 'run'
-  result = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
-                     f'--config.train_dir={tree}', '--config.epochs=3',
-                     '--config.global_batch_size=32')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert f'Classes: {", ".join(NAMES)}' in result.stderr
+  _train(tree, workdir, epochs=3)
   run = json.loads((workdir / 'run.json').read_text())
   assert run['resolved']['class_names'] == list(NAMES)
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['skipped_records'] >= 1  # The damaged PNG, once an epoch.
-  assert f'{decode.SKIPPED_LINE}{tree}/three/damaged.png' in result.stderr
   image = tree / 'seven' / '0.png'
   predicted = run_module('launch.predict', f'--model={workdir}/export',
                          str(image))
@@ -227,13 +233,7 @@ def test_bad_trees_on_cloud_storage_in_one_line(gcs_tree, root, message):
 
 
 def test_trains_from_cloud_storage_and_converts_from_it(gcs_tree, tmp_path):
-  workdir = tmp_path / 'run'
-  result = run_train(f'--workdir={workdir}', '--config.dataset=image_folder',
-                     f'--config.train_dir={gcs_tree}', '--config.epochs=1',
-                     '--config.global_batch_size=32')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert f'Classes: {", ".join(NAMES)}' in result.stderr
-  assert f'{decode.SKIPPED_LINE}{gcs_tree}/three/damaged.png' in result.stderr
+  _train(gcs_tree, tmp_path / 'run', epochs=1)
   output = tmp_path / 'records'
   converted = run_module('launch.make_tfrecords', f'--from_dir={gcs_tree}',
                          f'--output_dir={output}', '--num_files=1')
