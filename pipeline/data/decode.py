@@ -171,6 +171,8 @@ def to_uint8(image):
 
 # Origins kept per record: a gap longer than this names its last ones.
 NAMED_PER_GAP = 8
+# Names a stream remembers having printed, so each is printed once.
+NAMES_KEPT = 1024
 
 
 def decoded_records(records, parse, decode, image_shape, num_classes):
@@ -200,31 +202,44 @@ def decoded_records(records, parse, decode, image_shape, num_classes):
           decode_record, num_parallel_calls=DECODES_IN_FLIGHT,
           deterministic=True).ignore_errors()
 
-  def count_gap(last, element):
+  def count_gap(state, element):
+    last, named = state
     index, image, label, origin, recent = element
     in_range = (label >= 0) & (label < num_classes)
     check = tf.debugging.Assert(in_range, [LABEL_ERROR, label, origin],
                                 summarize=1)
     gap = index - last - 1
-    named = tf.cond(gap > 0, lambda: _name_skipped(gap, recent),
-                    tf.no_op)
-    with tf.control_dependencies([check, named]):
-      return index, (image, tf.cast(label, tf.int32), tf.cast(gap, tf.int32))
+    named = tf.cond(gap > 0, lambda: _name_skipped(gap, recent, named),
+                    lambda: named)
+    with tf.control_dependencies([check]):
+      return (index, named), (image, tf.cast(label, tf.int32),
+                              tf.cast(gap, tf.int32))
 
-  return dataset.scan(tf.constant(-1, tf.int64), count_gap)
+  return dataset.scan((tf.constant(-1, tf.int64), tf.zeros([0], tf.string)),
+                      count_gap)
 
 
-def _name_skipped(gap, recent):
-  """Prints the origins of the `gap` records before the last of `recent`."""
+def _name_skipped(gap, recent, named):
+  """Prints the origins of the `gap` records before the last of `recent`
+  that this stream has not named yet (a repeated stream meets a bad file
+  every pass, and reads passes ahead); returns the names printed so far."""
   shown = tf.minimum(gap, NAMED_PER_GAP)
   names = recent[NAMED_PER_GAP - tf.cast(shown, tf.int32):NAMED_PER_GAP]
+  new = tf.boolean_mask(names, tf.logical_not(tf.reduce_any(
+      tf.equal(names[:, None], named[None, :]), axis=1)))
   more = tf.cond(gap > shown, lambda: tf.strings.join(
       [' and ', tf.strings.as_string(gap - shown), ' more before them']),
                  lambda: tf.constant(''))
-  # PrintV2 writes a string as it is; tf.print would quote it.
-  return tf.raw_ops.PrintV2(input=tf.strings.join(
-      [SKIPPED_LINE, tf.strings.reduce_join(names, separator=', '), more]),
-                            output_stream='stderr')
+
+  def say():
+    # PrintV2 writes a string as it is; tf.print would quote it.
+    printed = tf.raw_ops.PrintV2(input=tf.strings.join(
+        [SKIPPED_LINE, tf.strings.reduce_join(new, separator=', '), more]),
+                                 output_stream='stderr')
+    with tf.control_dependencies([printed]):
+      return tf.concat([named, new], 0)[-NAMES_KEPT:]
+
+  return tf.cond(tf.size(new) > 0, say, lambda: named)
 
 
 SKIPPED_LINE = 'Skipped, cannot be decoded: '
