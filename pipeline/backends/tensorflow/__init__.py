@@ -2,8 +2,9 @@
 
 tf.distribute strategies (devices.py; several machines: workers.py),
 multi-step tf.functions (steps.py) under a Trainer (trainer.py), the
-moving average as replica-local variables (ema.py), XLA's rules (xla.py), its persistent caches
-(compile_cache.py), TPU Nodes' runtime versions (tpu_runtime.py).
+moving average as replica-local variables (ema.py), XLA's rules (xla.py),
+its persistent caches (compile_cache.py), TPU Nodes' runtime versions
+(tpu_runtime.py).
 Checkpoints are tf.train.Checkpoint's files. Modules here import
 TensorFlow; this one does not, so the choice of backend stays light.
 """

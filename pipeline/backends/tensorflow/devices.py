@@ -2,8 +2,8 @@
 
 One place decides: a Cloud TPU (TPUStrategy), several machines (TF_CONFIG,
 or a Slurm job step -> MultiWorkerMirroredStrategy: workers.py), several
-GPUs or logical CPUs
-(MirroredStrategy), or one device (the default strategy).
+GPUs or logical CPUs (MirroredStrategy), or one device (the default
+strategy).
 
 One device gets the default strategy, not OneDeviceStrategy: EfficientNet-B0
 trained 2.8x slower under OneDeviceStrategy('/cpu:0') on our CPU (36 vs 100
