@@ -96,7 +96,10 @@ def get_config():
   # weights, downloaded once), a .h5 weights file of the headless network
   # (local or gs://), or another run's workdir (its newest checkpoint).
   config.init_from = ''
-  # Train the new head alone (backbone frozen) for this many epochs first.
+  # A run's head comes too when it trained these very class names (a warm
+  # start); other names are refused. False: its backbone alone, a new head.
+  config.init_head = True
+  # Train the head alone (backbone frozen) for this many epochs first.
   config.freeze_backbone_epochs = 0.0
 
   # Execution. Steps per compiled call: fewer host round trips. 0 picks one

@@ -10,8 +10,10 @@ converts as it does locally. tests/test_jax_backend.py trains it on JAX.
 
 import json
 import os
+import shutil
 
 import ml_collections
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -23,6 +25,8 @@ from pipeline.data import decode
 from pipeline.data import image_folder
 from pipeline.data import sources
 from pipeline.errors import UserError
+from pipeline.recipe import models
+from pipeline.training import finetune
 
 NAMES = ('eight', 'five', 'four', 'nine', 'one', 'seven', 'six', 'three',
          'two', 'zero')  # Sorted: the class indices.
@@ -111,12 +115,19 @@ def _train(root, workdir, epochs):
   assert f'{decode.SKIPPED_LINE}{root}/three/damaged.png' in result.stderr
 
 
-def test_trains_records_the_names_and_predict_names_a_file(tree, tmp_path):
+@pytest.fixture(scope='module')
+def trained(tree, tmp_path_factory):
+  """The issue's command: 3 epochs on the tree (a workdir)."""
+  workdir = tmp_path_factory.mktemp('trained') / 'run'
+  _train(tree, workdir, epochs=3)
+  return workdir
+
+
+def test_trains_records_the_names_and_predict_names_a_file(tree, trained):
   """The issue's command: trains, holds out an eval split, prints and
   records the class names; the damaged file is skipped, counted and named;
   the exported model names a file's class; a changed tree will not resume."""
-  workdir = tmp_path / 'run'
-  _train(tree, workdir, epochs=3)
+  workdir = trained
   run = json.loads((workdir / 'run.json').read_text())
   assert run['resolved']['class_names'] == list(NAMES)
   metrics = json.loads((workdir / 'metrics.json').read_text())
@@ -137,6 +148,56 @@ def test_trains_records_the_names_and_predict_names_a_file(tree, tmp_path):
   assert again.returncode == 1
   assert 'holds a run trained on 10 classes; these data have 10 ' \
       '(differing: nought, zero)' in again.stderr
+
+
+def test_init_from_a_run_of_other_class_names_is_refused(tree, trained,
+                                                       tmp_path):
+  """init_from a run of these class names carries its head (a warm start);
+  of other names it is one line, before anything is built, unless
+  init_head=False takes the backbone alone."""
+  renamed = tmp_path / 'renamed'
+  shutil.copytree(tree, renamed)
+  (renamed / 'zero').rename(renamed / 'nought')
+
+  def dry_run(root, *flags):
+    return run_train(f'--workdir={tmp_path / "tuned"}', '--dry_run',
+                     '--config.dataset=image_folder',
+                     f'--config.train_dir={root}',
+                     f'--config.init_from={trained}', *flags)
+
+  refused = dry_run(renamed)
+  assert refused.returncode == 1
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"error: init_from='{trained}' trained 10 classes; these data have 10 "
+      '(differing: nought, zero); pass --config.init_head=False to take its '
+      'backbone alone with a new head for these classes, or start from a run '
+      'of these classes')
+  backbone = dry_run(renamed, '--config.init_head=False')
+  assert backbone.returncode == 0, backbone.stderr[-3000:]
+  assert f'; backbone from the run in {trained}' in backbone.stderr
+  same = dry_run(tree)
+  assert same.returncode == 0, same.stderr[-3000:]
+  assert (f'; head (the same 10 classes) and backbone from the run in '
+          f'{trained}') in same.stderr
+
+  # The weights that arrive: the run's newest checkpoint, head and all; or
+  # its backbone under a new head.
+  config = _config(train_dir=str(tree), init_from=str(trained))
+  step = json.loads((trained / 'metrics.json').read_text())['train_steps']
+  saved = models.build_model(config.model, 10, config.image_size)
+  tf.train.Checkpoint(model=saved).read(
+      str(trained / 'checkpoints' / f'ckpt-{step}')).expect_partial()
+  for init_head, carried in ((True, saved.weights),
+                             (False, models.backbone(saved).weights)):
+    config.init_head = init_head
+    model = models.build_model(config.model, 10, config.image_size)
+    said = finetune.load_init_from(config, model, NAMES, str(tmp_path))
+    assert said == (f'{"head (the same 10 classes) and " * init_head}'
+                    f'backbone from step {step} of the run in {trained}')
+    same_as_saved = [np.array_equal(mine, theirs) for mine, theirs in
+                     zip(model.get_weights(), saved.get_weights())]
+    assert sum(same_as_saved) == len(carried), (init_head, said)
+    assert same_as_saved[-1] is init_head  # The head's bias.
 
 
 def test_to_tfrecords_with_the_class_names(tree, tmp_path):

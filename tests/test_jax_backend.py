@@ -160,12 +160,14 @@ def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
         timeout=300, check=False)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     assert predicted.stdout.count('.png') == 3, predicted.stdout
-  # A TensorFlow run fine-tunes from it (its Keras files read by TF).
+  # A TensorFlow run fine-tunes from it (its Keras files read by TF), head
+  # and all: the same classes.
   tuned = run_train(*_args(tmp_path / 'tuned', tfds_dir, devices=1)[1:],
                     '--backend=tensorflow', f'--config.init_from={workdir}',
                     '--config.examples_per_epoch=64')
   assert tuned.returncode == 0, tuned.stderr[-3000:]
-  assert f'backbone from step 10 of the run in {workdir}' in tuned.stderr
+  assert (f'head (the same 10 classes) and backbone from step 10 of the run '
+          f'in {workdir}') in tuned.stderr
 
 
 def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflow_only(
@@ -203,8 +205,8 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
                     '--config.examples_per_epoch=64',
                     '--config.freeze_backbone_epochs=0.5')
   assert tuned.returncode == 0, tuned.stderr[-3000:]
-  assert (f'backbone from step 10 of the run in {workdir} (its moving '
-          'average)') in tuned.stderr
+  assert (f'head (the same 10 classes) and backbone from step 10 of the run '
+          f'in {workdir} (its moving average)') in tuned.stderr
   assert 'backbone frozen for the first 1 steps' in tuned.stderr
 
 

@@ -264,7 +264,7 @@ def test_backbone_weights_from_a_file_arrive(tmp_path):
   model = models.build_model('efficientnet_b0', 3, 64)
   config = ml_collections.ConfigDict(dict(
       model='efficientnet_b0', image_size=64, init_from=path))
-  assert finetune.load_backbone(config, model, str(tmp_path)) == (
+  assert finetune.load_init_from(config, model, (), str(tmp_path)) == (
       f'backbone from the weights file {path}')
   for mine, theirs in zip(models.backbone(model).weights,
                           models.backbone(trained).weights):
@@ -272,4 +272,4 @@ def test_backbone_weights_from_a_file_arrive(tmp_path):
   assert models.backbone(model).weights  # Not vacuous.
   config.init_from = str(tmp_path / 'missing.h5')
   with pytest.raises(Exception, match='no such weights file'):
-    finetune.load_backbone(config, model, str(tmp_path))
+    finetune.load_init_from(config, model, (), str(tmp_path))

@@ -95,7 +95,7 @@ def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
   plan = plan_lib.resolve(config, request_lib.Request(policy=policy))
   trainer = plan.backend.build_trainer(config, plan)
   if config.init_from:
-    finetune.load_backbone(config, trainer.model, '')
+    finetune.load_init_from(config, trainer.model, (), '')  # A weights file.
     trainer.read_back()
   train = iter(inputs.train_batches(config, plan))
   evaluation = iter(inputs.eval_batches(config, plan))

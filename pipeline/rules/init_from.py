@@ -8,25 +8,53 @@ import re
 import tensorflow as tf
 
 from pipeline.errors import UserError
+from pipeline.rules import classes
 from pipeline.storage import workdirs
 
 WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')
 
 
-def check_source(config, staging_dir):
+def check_source(config, class_names, staging_dir):
   """For a run that starts now: a one-line UserError if `init_from` names a
-  weights file that is not there, or a folder that holds no run of this
-  model (found before anything is built, so --dry_run says so too)."""
+  weights file that is not there, a folder that holds no run of this model,
+  or a run whose head would be carried but trained other class names (found
+  before anything is built, so --dry_run says so too). Returns how the plan
+  names the first weights."""
   init_from = config.init_from
   if not init_from or init_from == 'imagenet':
-    return
+    return describe(init_from)
   if WEIGHTS_FILE.search(init_from):
     if not tf.io.gfile.exists(init_from):
       raise UserError(f'init_from={init_from!r}: no such weights file; '
                       "accepted: imagenet, a .h5 weights file of the model's "
                       'headless network, or the workdir of another run')
-    return
-  source_run(config, init_from, staging_dir)
+    return describe(init_from)
+  _, saved = source_run(config, init_from, staging_dir)
+  carried = carries_head(config, saved, class_names)
+  return f'{parts(class_names if carried else ())} from the run in {init_from}'
+
+
+def carries_head(config, saved, class_names):
+  """Whether the run `init_from` names (its run.json `saved`) gives its head
+  too: `init_head` is on and both runs know their class names, which must
+  then be the same (a one-line UserError if not: its head would answer for
+  other classes)."""
+  theirs = tuple(saved.get('resolved', {}).get('class_names') or ())
+  if not (config.init_head and theirs and class_names):
+    return False
+  if theirs != tuple(class_names):
+    raise UserError(
+        f'init_from={config.init_from!r} trained '
+        f'{classes.differing(theirs, class_names)}; pass '
+        '--config.init_head=False to take its backbone alone with a new head '
+        'for these classes, or start from a run of these classes')
+  return True
+
+
+def parts(carried_classes):
+  """What a run gives: its backbone, and its head with `carried_classes`."""
+  return (f'head (the same {len(carried_classes)} classes) and backbone'
+          if carried_classes else 'backbone')
 
 
 def source_run(config, url, staging_dir):

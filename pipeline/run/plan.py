@@ -19,6 +19,7 @@ from pipeline.data import cache as cache_lib
 from pipeline.data import dali
 from pipeline.data import sources
 from pipeline.errors import UserError
+from pipeline.rules import classes
 from pipeline.rules import compile_cache as compile_cache_lib
 from pipeline.rules import hardware as hardware_lib
 from pipeline.rules import precision
@@ -57,6 +58,7 @@ class Plan:
   input_pipeline: str = dali.TF_DATA  # Or dali.DALI (data/dali.py).
   input_pipeline_reason: str = ''
   staging_dir: str = ''  # Local files of the run: gs:// copies, DALI's index.
+  initial_weights: str = 'random initial weights'  # init_from's, described.
 
   @property
   def policy(self):
@@ -123,6 +125,7 @@ class Plan:
         'examples_per_epoch': self.examples_per_epoch,
         'total_steps': self.total_steps,
         'frozen_steps': self.frozen_steps,
+        'initial_weights': self.initial_weights,
         'cache': self.cache,
         'cache_reason': self.cache_reason,
         'input_pipeline': self.input_pipeline,
@@ -184,7 +187,7 @@ class Plan:
            'count updates)' if accumulation > 1 else '')
         + (f'; moving average {ema_decay:g} (evaluated and exported)'
            if ema_decay else '; no moving average')
-        + f'; {init_from.describe(config.init_from)}'
+        + f'; {self.initial_weights}'
         + (f', backbone frozen for the first {self.frozen_steps} steps'
            if self.frozen_steps else ''))
 
@@ -209,10 +212,15 @@ def resolve(config, request, hardware=None):
   steps_per_execution, steps_reason = schedule.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind)
   validation.validate(config, hardware.num_replicas, models.MODELS)
-  workdir = _open_workdir(config, request, hardware, backend)
+  workdir, resumed = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
+  initial_weights = init_from.describe(config.init_from)
   if workdir and hardware.is_chief:
-    _check_same_classes(workdir, source)
+    if resumed:
+      classes.check_resumed(workdir, source.class_names)
+    else:
+      initial_weights = init_from.check_source(
+          config, source.class_names, request.staging_dir)
   input_pipeline, input_reason = dali.choose(
       config, hardware.device_kind,
       dali.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
@@ -235,7 +243,8 @@ def resolve(config, request, hardware=None):
       frozen_steps=init_from.frozen_steps(config, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
-      input_pipeline_reason=input_reason, staging_dir=request.staging_dir)
+      input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
+      initial_weights=initial_weights)
   for line in plan.describe(config)[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan
@@ -271,19 +280,19 @@ def _compile_cache(config):
 
 
 def _open_workdir(config, request, hardware, backend):
-  """The run's Workdir, checked: TPU Node paths, writability, identity."""
+  """The run's Workdir, checked (TPU Node paths, writability, identity),
+  and whether it holds this run already (None, False: no workdir)."""
   if request.workdir is None:
-    return None
+    return None, False
   if hardware.tpu_workers_remote:
     workdirs.check_remote_tpu_paths(config, request.workdir)
   workdir = workdirs.Workdir(request.workdir, request.staging_dir,
                             lease_s=request.workdir_lease_s)
   if hardware.is_chief:
     workdir.check()  # For gs://: bucket exists and takes a write, or one line.
-    if not _check_same_run(workdir, config,
-                           backend if request.trains else None):
-      init_from.check_source(config, request.staging_dir)
-  return workdir
+    return workdir, _check_same_run(workdir, config,
+                                    backend if request.trains else None)
+  return workdir, False
 
 
 def _check_same_run(workdir, config, backend=None):
@@ -313,21 +322,6 @@ def _names(names, shown=20):
   """The class names as the plan prints them: 'cat, dog' (index order)."""
   more = f', ... ({len(names) - shown} more)' if len(names) > shown else ''
   return ', '.join(names[:shown]) + more
-
-
-def _check_same_classes(workdir, source):
-  """A one-line UserError if the run the workdir holds was trained on other
-  class names (a class folder added, removed or renamed): its labels would
-  mean other classes."""
-  saved = (workdir.read_json('run.json') or {}).get('resolved', {})
-  theirs = tuple(saved.get('class_names') or ())
-  if theirs and source.class_names and theirs != source.class_names:
-    changed = sorted(set(theirs) ^ set(source.class_names)) or ['their order']
-    raise UserError(
-        f'workdir {workdir.url!r} holds a run trained on {len(theirs)} '
-        f'classes; these data have {len(source.class_names)} (differing: '
-        f'{", ".join(changed[:5])}); restore the class folders or use '
-        'another --workdir')
 
 
 def _mixing(config):

@@ -8,8 +8,11 @@
   a workdir    another run of launch.train (local or gs://): its newest
                committed checkpoint, its moving average if it kept one;
                trained on either backend, read on either.
-The head is always new: this run's classes. Only a run that starts at step
-0 loads them; a resumed run restores its own checkpoint instead.
+The head is new (this run's classes), except that a run's head comes too
+when it trained these very class names (`init_head`, on by default: a
+warm start); a run of other names is refused unless init_head=False takes
+its backbone alone. Only a run that starts at step 0 loads them; a resumed
+run restores its own checkpoint instead.
 
 With `freeze_backbone_epochs`, the backbone is frozen for that long (batch
 norm in inference mode) while the new head learns, then the whole model
@@ -33,17 +36,18 @@ from pipeline.storage.checkpoint import Checkpointer
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
 
-def load_backbone(config, model, staging_dir):
-  """Loads `config.init_from` into `model`'s backbone; returns what it did."""
+def load_init_from(config, model, class_names, staging_dir):
+  """Loads `config.init_from` into `model` (these data's `class_names`):
+  its backbone, and a run's head where init_from_lib.carries_head says so.
+  Returns what it did."""
   init_from = config.init_from
-  target = models.backbone(model)
   if init_from == 'imagenet':
     source = _published(config)
   elif init_from_lib.WEIGHTS_FILE.search(init_from):
     source = _from_file(config, init_from)
   else:
-    return _from_run(config, init_from, target, staging_dir)
-  target.set_weights(source.get_weights())
+    return _from_run(config, init_from, model, class_names, staging_dir)
+  models.backbone(model).set_weights(source.get_weights())
   return init_from_lib.describe(init_from)
 
 
@@ -75,7 +79,7 @@ def published_file(model):
 
 
 def _from_file(config, path):
-  init_from_lib.check_source(config, '')
+  init_from_lib.check_source(config, (), '')
   with tempfile.TemporaryDirectory() as folder:
     local = path
     if '://' in path:  # h5py reads local files only.
@@ -90,12 +94,15 @@ def _from_file(config, path):
                       ) from None
 
 
-def _from_run(config, url, target, staging_dir):
-  """The backbone of another run's newest committed checkpoint."""
+def _from_run(config, url, model, class_names, staging_dir):
+  """Another run's newest committed checkpoint: its backbone, and its head
+  if it trained these classes and init_head is on."""
   workdir, saved = init_from_lib.source_run(config, url, staging_dir)
+  carried = (class_names if init_from_lib.carries_head(config, saved,
+                                                       class_names) else ())
   theirs = validation.complete(saved['config'], source=f'{url}/run.json')
-  # Their head (their classes) is restored and dropped; only the backbone
-  # is copied, at any image size (no weight depends on it).
+  # Restored whole, at any image size (no weight depends on it); a head of
+  # other classes is dropped.
   source = models.build_model(theirs.model,
                               saved['resolved']['num_classes'],
                               config.image_size)
@@ -107,9 +114,12 @@ def _from_run(config, url, target, staging_dir):
   if averages:  # Their moving average is what their run exported.
     for weight, average in zip(moving_average.averaged(source), averages()):
       weight.assign(average)
-  target.set_weights(models.backbone(source).get_weights())
-  return (f'backbone from step {step} of the run in {url}'
-          + (' (its moving average)' if averages else ''))
+  if carried:
+    model.set_weights(source.get_weights())
+  else:
+    models.backbone(model).set_weights(models.backbone(source).get_weights())
+  return (f'{init_from_lib.parts(carried)} from step {step} of the run in '
+          f'{url}' + (' (its moving average)' if averages else ''))
 
 
 def _reader(workdir, source, ema_decay, resolved):

@@ -151,15 +151,16 @@ def _checkpointers(config, plan, trainer):
 
 def _restore_or_initialize(config, plan, trainer, checkpointer):
   """Restores the newest checkpoint; a run that starts at step 0 loads
-  init_from's backbone instead (a resumed run keeps its own weights).
+  init_from's weights instead (a resumed run keeps its own weights).
   Returns the step the run starts at."""
   checkpointer.restore_latest()
   initial_step = trainer.step
   if initial_step:
     logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
   elif config.init_from:
-    logging.info('Initialized the %s', finetune.load_backbone(
-        config, trainer.model, plan.workdir.staging_root))
+    logging.info('Initialized the %s', finetune.load_init_from(
+        config, trainer.model, plan.source.class_names,
+        plan.workdir.staging_root))
     trainer.read_back()
     if trainer.ema:
       trainer.ema.reset()
