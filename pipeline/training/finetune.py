@@ -15,7 +15,7 @@ its backbone alone. Only a run that starts at step 0 loads them; a resumed
 run restores its own checkpoint instead.
 
 With `freeze_backbone_epochs`, the backbone is frozen for that long (batch
-norm in inference mode) while the new head learns, then the whole model
+norm in inference mode) while the head learns, then the whole model
 trains (the backend's Trainer.train).
 """
 
