@@ -31,7 +31,7 @@ def check_source(config, class_names, staging_dir):
     return describe(init_from)
   _, saved = source_run(config, init_from, staging_dir)
   carried = carries_head(config, saved, class_names)
-  return f'{parts(class_names if carried else ())} from the run in {init_from}'
+  return describe(init_from, class_names if carried else ())
 
 
 def carries_head(config, saved, class_names):
@@ -72,15 +72,16 @@ def source_run(config, url, staging_dir):
   return workdir, saved
 
 
-def describe(init_from):
-  """How the plan names where the first weights come from."""
+def describe(init_from, carried_classes=()):
+  """How the plan names where the first weights come from (a run's head
+  too, given the classes it carries)."""
   if not init_from:
     return 'random initial weights'
   if init_from == 'imagenet':
     return "backbone from keras.applications' ImageNet weights"
   if WEIGHTS_FILE.search(init_from):
     return f'backbone from the weights file {init_from}'
-  return f'backbone from the run in {init_from}'
+  return f'{parts(carried_classes)} from the run in {init_from}'
 
 
 def frozen_steps(config, steps_per_epoch):
