@@ -485,22 +485,24 @@ def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
   for _, r in rows:
     assert r['train_synthetic_images_per_sec'] > 0
     assert r['train_real_images_per_sec'] > 0
-  # One training step per image, by XLA's cost analysis of each backend's
-  # own program as compiled: B0 at 32 px traces to about 55 MFLOP, and this
-  # CPU's XLA computes each depthwise filter gradient as a dense
-  # convolution, so both count about 4x that (BUILD_NOTES.md). Different
-  # programs and compilers: each labelled, not compared.
+  # One forward and backward pass per image, each backend's own program
+  # counted before XLA optimises it: the same arithmetic, so the figures
+  # agree (B0 at 32 px: about 53 MFLOP; compiled, this CPU's XLA computes
+  # each depthwise filter gradient as a dense convolution, about 4x that).
+  flops = [r['flops_per_image'] for _, r in rows]
+  assert 45e6 < flops[0] < 65e6 and flops[1] == pytest.approx(flops[0],
+                                                              rel=0.05)
   for _, r in rows:
-    assert 100e6 < r['flops_per_image'] < 400e6, r['flops_per_image']
     assert r['bytes_per_image'] > 0
     assert r['achieved_flops_per_sec'] == pytest.approx(
         r['flops_per_image'] * r['train_synthetic_images_per_sec'])
     assert r['overlap_wall_vs_sum'] > 0
-  assert re.search(r'^jax: one training step per image \(the compiled step '
-                   r'on one device\): [\d.]+ GFLOP', result.stdout, re.M)
-  assert re.search(r"^tensorflow: one training step per image \(one "
-                   r"replica's forward and backward, XLA's CPU cost model\)"
-                   r': [\d.]+ GFLOP', result.stdout, re.M)
+  for name in ('jax', 'tensorflow'):
+    assert re.search(
+        rf"^{name}: per image \(one micro-batch's forward "
+        r'and backward pass, counted from the unoptimized program '
+        r"\(XLA's CPU cost model; bytes before fusion\)\): [\d.]+ GFLOP",
+        result.stdout, re.M), result.stdout
   assert 'of the peak: no figure for 2 x CPU device' in result.stdout
   assert re.search(r'^jax +DataParallel x2 +\d+\.\d', result.stdout, re.M)
   assert re.search(r'^tensorflow +MirroredStrategy x2 +\d+\.\d',

@@ -62,11 +62,11 @@ class Trainer(Protocol):
     """Takes the model's weights (just loaded into it) as the run's state."""
 
   def step_cost(self) -> dict:
-    """XLA's cost analysis of one training step as compiled, per image:
-    'flops', 'bytes' accessed (after fusion) and 'counted': what was
-    analysed, by which cost model (the backends' bytes differ in both, so
-    they are labelled, not compared); else {'reason': why there are none},
-    never an exception. After a train() call."""
+    """FLOPs and bytes per image of one micro-batch's forward and backward
+    pass, counted from the program before XLA optimises it (both backends
+    count the same arithmetic: backends/hlo_cost.py): 'flops', 'bytes'
+    (before fusion) and 'counted', what was analysed; else {'reason': why
+    there are none}, never an exception. After a train() call."""
 
 
 class Backend(Protocol):

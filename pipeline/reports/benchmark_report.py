@@ -92,7 +92,7 @@ def _cost_lines(r):
     return ([f'FLOPs per image: none ({r["step_cost_reason"]})']
             if 'step_cost_reason' in r else [])
   counted = r.get('step_cost_counted', "XLA's cost analysis")
-  lines = [f'one training step per image ({counted}): '
+  lines = [f'per image ({counted}): '
            f'{r["flops_per_image"] / 1e9:.3g} GFLOP, '
            f'{r["bytes_per_image"] / 1e6:.4g} MB accessed; at the synthetic '
            f'rate {r["achieved_flops_per_sec"] / 1e12:.3g} TFLOP/s, '

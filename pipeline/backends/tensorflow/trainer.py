@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline.backends import hlo_cost
 from pipeline.backends.tensorflow import dali_input
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.backends.tensorflow import graph_rewrite
@@ -25,7 +26,6 @@ from pipeline.data import dali
 from pipeline.data import decode
 from pipeline.data import tfrecords
 from pipeline.errors import UserError
-from pipeline.errors import first_line
 from pipeline.rules import precision
 from pipeline.storage import checkpoint_files
 from pipeline.recipe import models
@@ -239,21 +239,10 @@ def _input_checks(config, plan):
 
 def step_cost(config, plan):
   """The Trainer's step_cost: one replica's forward and backward pass (the
-  step's own gradient function) compiled by XLA alone, its optimized HLO
-  read by jaxlib's cost analysis (TensorFlow has none in Python) on JAX's
-  CPU client: JAX is kept to its CPU platform here, so it never starts CUDA
-  beside TensorFlow. On a model and optimizer built again outside the
-  strategy, whose variables live on one device (the run's may be mirrored
-  over several)."""
-  try:
-    # Private, as no public API of JAX analyses an HLO module it did not
-    # trace itself (TensorFlow's, here).
-    import jax  # pylint: disable=g-import-not-at-top
-    from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
-    from jaxlib import _hlo  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return {'reason': "XLA's cost analysis is read through jaxlib, which is "
-                      'not installed here (requirements-gpu.txt has it)'}
+  step's own gradient function) as XLA sees it before optimising
+  (backends/hlo_cost.py), on a model and optimizer built again outside
+  the strategy, whose variables live on one device (the run's may be
+  mirrored over several)."""
   micro_batch = plan.per_replica_batch_size // config.gradient_accumulation_steps
   model = models.model_of_run(config, plan)
   optimizer = optimizers.optimizer_of_run(config, plan)
@@ -262,27 +251,19 @@ def step_cost(config, plan):
       model, optimizer, plan.global_batch_size, plan.source.num_classes,
       config.label_smoothing, l2_weight_decay=config.l2_weight_decay)
   size = config.image_size
-  try:
-    module = _hlo.hlo_module_from_text(tf.function(jit_compile=True)(
-        lambda images, labels: gradients(model.trainable_variables, images,
-                                         labels)).experimental_get_compiler_ir(
-            tf.zeros((micro_batch, size, size, 3), tf.uint8),
-            tf.zeros((micro_batch,), tf.int32))(stage='optimized_hlo'))
-    analysis = xla_client._xla.hlo_module_cost_analysis(  # pylint: disable=protected-access
-        _jax_cpu_client(jax), module)
-    flops, accessed = analysis['flops'], analysis['bytes accessed']
-  except Exception as e:  # pylint: disable=broad-except
-    return {'reason': f'XLA could not analyse the step alone here '
-                      f'({type(e).__name__}: {first_line(e)})'}
-  return {'flops': flops / micro_batch, 'bytes': accessed / micro_batch,
-          'counted': "one replica's forward and backward, XLA's CPU cost "
-                     'model'}
+  hlo_text = lambda: tf.function(jit_compile=True)(
+      lambda images, labels: gradients(model.trainable_variables, images,
+                                       labels)).experimental_get_compiler_ir(
+          tf.zeros((micro_batch, size, size, 3), tf.uint8),
+          tf.zeros((micro_batch,), tf.int32))(stage='hlo')
+  return hlo_cost.per_image(hlo_text, micro_batch, _jax_cpu_client)
 
 
-def _jax_cpu_client(jax):
+def _jax_cpu_client():
   """JAX's CPU client, without starting any other JAX platform: in a fresh
   process `jax.devices('cpu')` would initialise every platform installed,
   CUDA's too, beside TensorFlow's hold on the GPUs."""
+  import jax  # pylint: disable=g-import-not-at-top
   if not jax.config.jax_platforms:
     jax.config.update('jax_platforms', 'cpu')
   return jax.devices('cpu')[0].client
