@@ -141,6 +141,10 @@ def _check(config):
     raise UserError(f'--config.input_pipeline=dali: {refusal}')
 
 
+# The reader's name, by which an iterator learns each shard's size.
+READER = 'reader'
+
+
 @dataclasses.dataclass(frozen=True)
 class Input:
   """One split's DALI pipelines: `pipeline(shard, shards, device_id)`
@@ -192,7 +196,7 @@ class Input:
         shard_id=shard_id, num_shards=num_shards, stick_to_shard=True,
         random_shuffle=self.training, initial_fill=max(min(
             self.shuffle_buffer, self.shard_size(shard_id, num_shards)), 1),
-        name='reader')
+        name=READER)
     encoded = records['image/encoded']
     label = fn.reshape(fn.cast(records['image/class/label'],
                                dtype=types.INT32), shape=[])
