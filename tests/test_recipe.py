@@ -273,3 +273,17 @@ def test_backbone_weights_from_a_file_arrive(tmp_path):
   config.init_from = str(tmp_path / 'missing.h5')
   with pytest.raises(Exception, match='no such weights file'):
     finetune.load_init_from(config, model, (), str(tmp_path))
+
+
+@pytest.mark.parametrize('warmup_steps, decay_steps', [(5, 20), (0, 10)])
+def test_the_warmup_cosine_schedule_is_keras_own_without_its_branch(
+    warmup_steps, decay_steps):
+  """Keras' CosineDecay with warmup is a `cond` (a host round trip per step
+  on a GPU); ours selects, and gives the same rates, past the end too."""
+  from pipeline.recipe import optimizers  # pylint: disable=g-import-not-at-top
+  ours = optimizers.WarmupCosineDecay(0.3, warmup_steps, decay_steps)
+  theirs = keras.optimizers.schedules.CosineDecay(
+      0.0, decay_steps, warmup_target=0.3, warmup_steps=warmup_steps)
+  steps = range(warmup_steps + decay_steps + 3)
+  np.testing.assert_allclose([float(ours(s)) for s in steps],
+                             [float(theirs(s)) for s in steps], atol=1e-7)

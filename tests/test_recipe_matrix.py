@@ -23,7 +23,6 @@ import importlib
 import os
 
 import keras
-import numpy as np
 import pytest
 
 from configs import default
@@ -108,14 +107,13 @@ def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
 def _lowered_on_jax(trainer, train, evaluation):
   """Lowers the trainer's programs (a tracing error raises here)."""
   strategy = trainer.strategy
-  batch = next(train)
-  images, labels = strategy.stack([batch[:2]], trainer.slots)
-  programs = [('train', trainer.train_program)]
-  if trainer.frozen_program:
-    programs.append(('train with the backbone frozen', trainer.frozen_program))
+  images, labels = strategy.to_devices(tuple(next(train)[:2]))
+  programs = [('train', trainer.train_step)]
+  if trainer.frozen_step:
+    programs.append(('train with the backbone frozen', trainer.frozen_step))
   done = []
   for name, program in programs:
-    program.lower(trainer.state, images, labels, np.int32(1))
+    program.lower(trainer.state, images, labels)
     done.append(name)
   trainer.eval_program.lower(trainer.state['trainable'],
                              trainer.state['non_trainable'],

@@ -7,17 +7,46 @@ The training step sums gradients across replicas itself, so its optimizer
 is told not to sum them again (take_summed_gradients).
 """
 
+import math
+
 import keras
 from keras import ops
 
 from pipeline.rules import precision
 
 
+# The schedules run inside the compiled step of either backend, in keras.ops
+# (a TensorFlow op cannot run in JAX's), and choose by `where`, never
+# `cond`: on a GPU an XLA conditional copies its predicate to the host and
+# waits for it, every step (Keras' CosineDecay with warmup is such a cond).
+
+
+class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
+  """Linear warmup from 0 to `peak` over `warmup_steps`, then cosine decay
+  to 0 over `decay_steps`: Keras' CosineDecay(initial_learning_rate=0,
+  warmup_target=peak), the same values without its branch."""
+
+  def __init__(self, peak, warmup_steps, decay_steps):
+    self.peak, self.warmup_steps = peak, warmup_steps
+    self.decay_steps = decay_steps
+
+  def __call__(self, step):
+    step = ops.cast(step, 'float32')
+    warming = self.peak * step / max(self.warmup_steps, 1)
+    done = ops.minimum(ops.maximum(step - self.warmup_steps, 0.0),
+                       self.decay_steps) / self.decay_steps
+    decayed = self.peak * 0.5 * (1.0 + ops.cos(math.pi * done))
+    return ops.where(step < self.warmup_steps, warming, decayed)
+
+  def get_config(self):
+    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
+            'decay_steps': self.decay_steps}
+
+
 class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
   """tensorflow/tpu's EfficientNet schedule (utils.build_learning_rate):
   linear warmup to `peak`, then peak * rate ** floor(step / decay_steps),
-  the staircase counted from step 0. In keras.ops: it runs inside the
-  compiled step of either backend (a TensorFlow op cannot run in JAX's)."""
+  the staircase counted from step 0."""
 
   def __init__(self, peak, warmup_steps, decay_steps, rate):
     self.peak, self.warmup_steps = peak, warmup_steps
@@ -47,9 +76,8 @@ def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
         peak, warmup_steps,
         max(config.lr_decay_epochs * steps_per_epoch, 1.0),
         config.lr_decay_rate)
-  return keras.optimizers.schedules.CosineDecay(
-      initial_learning_rate=0.0, warmup_target=peak, warmup_steps=warmup_steps,
-      decay_steps=max(total_steps - warmup_steps, 1))
+  return WarmupCosineDecay(peak, warmup_steps,
+                           max(total_steps - warmup_steps, 1))
 
 
 def make_optimizer(config, peak, total_steps, steps_per_epoch):

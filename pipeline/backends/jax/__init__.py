@@ -68,7 +68,8 @@ class JaxBackend:
     return trainer.build(config, plan)
 
   def distribute(self, hardware, input_fn):
-    return hardware.strategy.host_batches(input_fn)
+    from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top
+    return devices.host_batches(input_fn)
 
   def repeated(self, hardware, images, labels, delay_s=0.0):
     return _Repeated(hardware.strategy.to_devices((images, labels)), delay_s)
@@ -78,7 +79,9 @@ class JaxBackend:
     return dali_lib.DaliBatches(hardware.strategy, dali_input)
 
   def sum_over_workers(self, hardware):
-    return hardware.strategy.sum_over_hosts
+    del hardware
+    from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top
+    return devices.sum_over_hosts
 
   def profiler(self):
     import jax  # pylint: disable=g-import-not-at-top

@@ -14,14 +14,12 @@ import re
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec
 import tensorflow as tf
 
 from pipeline import backends
+from pipeline.backends.jax.mesh import DataParallel
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 from pipeline.rules import cluster as cluster_lib
@@ -32,64 +30,22 @@ _KINDS = {'tpu': 'TPU', 'gpu': 'GPU', 'cuda': 'GPU', 'rocm': 'GPU',
           'cpu': 'CPU'}
 
 
-class DataParallel:
-  """The devices as one 'batch' mesh axis: the model replicated, each batch
-  split along its first axis."""
-
-  def __init__(self, device_list):
-    self.mesh = jax.sharding.Mesh(np.array(device_list), ('batch',))
-    self.num_replicas_in_sync = len(device_list)
-    self.replicated = NamedSharding(self.mesh, PartitionSpec())
-    self._stack_padded = jax.jit(_stack_padded, static_argnums=1,
-                                 out_shardings=self.batch_sharding(True))
-
-  def batch_sharding(self, stacked=False):
-    """Batches split over the devices; `stacked`: [steps, batch, ...]."""
-    return NamedSharding(self.mesh, PartitionSpec(
-        *((None,) if stacked else ()), 'batch'))
-
-  def host_batches(self, input_fn):
-    """This host's batches (as numpy) from `input_fn(InputContext)`: one
-    pipeline per host, each batch the host's share of the global batch."""
-    hosts = jax.process_count()
-    dataset = input_fn(tf.distribute.InputContext(
-        num_input_pipelines=hosts, input_pipeline_id=jax.process_index(),
-        num_replicas_in_sync=hosts))
-    return HostBatches(dataset)
-
-  def sum_over_hosts(self, values):
-    """The element-wise sum of every host's `values` (numpy); every host
-    calls it at the same step (a SIGTERM to one host stops all at one
-    step)."""
-    with peers_lost_in_one_line():
-      gathered = multihost_utils.process_allgather(np.asarray(values))
-    return np.asarray(gathered).reshape(-1, len(values)).sum(axis=0)
-
-  def to_devices(self, host_arrays, stacked=False):
-    """Global arrays, split over every device, from this host's share (or
-    already there: DALI's GPU batches)."""
-    sharding = self.batch_sharding(stacked)
-    return jax.tree.map(
-        lambda a: a if isinstance(a, jax.Array) else
-        jax.make_array_from_process_local_data(sharding, a), host_arrays)
-
-  def stack(self, batches, slots):
-    """[slots, batch, ...] arrays on the devices from `batches` (tuples of
-    arrays on the host or the devices), the unused slots zeros: each batch
-    placed as it is, then stacked where it lies (no host copy of the
-    whole)."""
-    return self._stack_padded(
-        tuple(tuple(self.to_devices(tuple(batch))) for batch in batches),
-        slots)
+def host_batches(input_fn):
+  """This host's batches (as numpy) from `input_fn(InputContext)`: one
+  pipeline per host, each batch the host's share of the global batch."""
+  hosts = jax.process_count()
+  return HostBatches(input_fn(tf.distribute.InputContext(
+      num_input_pipelines=hosts, input_pipeline_id=jax.process_index(),
+      num_replicas_in_sync=hosts)))
 
 
-def _stack_padded(batches, slots):
-  """Each part of `batches` stacked along a new first axis, then zeros up
-  to `slots` (traced: runs on the devices)."""
-  return tuple(
-      jnp.concatenate([jnp.stack(parts), jnp.zeros(
-          (slots - len(parts), *parts[0].shape), parts[0].dtype)])
-      for parts in zip(*batches))
+def sum_over_hosts(values):
+  """The element-wise sum of every host's `values` (numpy); every host
+  calls it at the same step (a SIGTERM to one host stops all at one
+  step)."""
+  with peers_lost_in_one_line():
+    gathered = multihost_utils.process_allgather(np.asarray(values))
+  return np.asarray(gathered).reshape(-1, len(values)).sum(axis=0)
 
 
 class HostBatches:

@@ -7,7 +7,6 @@ import contextlib
 import jax.numpy as jnp
 
 from pipeline.backends.jax.programs import on_host
-from pipeline.storage import checkpoint_files
 from pipeline.recipe import moving_average
 
 
@@ -15,11 +14,15 @@ class MovingAverage:
   """The moving average (recipe/moving_average.py) as a function of the
   JAX state."""
 
-  def __init__(self, model, decay):
+  def __init__(self, model, decay, variables=None):
+    """`variables`: a layer whose `values` are Keras variables shaped like
+    the averaged weights, where the average is saved (the trainer's
+    checkpoint part); None where it is never saved (launch.probe)."""
     self.decay = decay
     sources = moving_average.averaged(model)
-    self.variables = checkpoint_files.Variables('ema', like=sources)
-    for average, source in zip(self.variables.values, sources):
+    self.variables = variables
+    for average, source in zip(variables.values if variables else (),
+                               sources):
       average.assign(source.value)  # The average starts at the weights.
     # Where each averaged weight sits in the state: (trainable?, index).
     trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}

@@ -1,11 +1,25 @@
-"""The jitted programs of the JAX trainer: a whole execution of training
-steps in one `lax.fori_loop`, and the evaluation step.
+"""The jitted programs of the JAX trainer: one training step, the forward
+and backward pass step_cost counts, and the evaluation step.
 
 The model is replicated on every device and each batch split over them;
 XLA (GSPMD) inserts the gradient all-reduce. Batch-norm statistics are
 computed over the whole global batch (as synchronised batch norm), where
 the TensorFlow path normalises per replica and averages the moving
 statistics after each execution.
+
+No program loops over steps, and nothing in one waits on the host. The
+trainer dispatches one step per batch, as Keras 3's own JAX trainer does:
+dispatch returns at once, so the host stages the next execution's input
+while the queued steps run. A loop over an execution's steps inside one
+program cost more everywhere it was measured: XLA on this CPU ran B0's
+step 2.5x slower inside any `while` (16 against 41 images/s, 32 px),
+unrolled it compiled 4.5x longer at 8 steps (BUILD_NOTES.md), and on a GPU
+a `while` whose trip count is a runtime value copies its predicate to the
+host after every iteration and waits for it, on the thread that launched
+the program (xla/backends/gpu/runtime/while_thunk.cc), as does every
+`conditional`. So loss scaling selects instead of branching, and the
+schedules are `where`, not `cond` (recipe/optimizers.py). Imports no
+TensorFlow.
 """
 
 import contextlib
@@ -24,6 +38,23 @@ def on_host(tree):
   """Numpy copies of replicated arrays: this host's copy of each (on
   several hosts no process can fetch a whole global array)."""
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
+def initial_state(model, optimizer, strategy, step, ema_values=None):
+  """The run's state as JAX arrays replicated on every device: the model's
+  and the optimizer's variables, the `step` and the moving averages'
+  `ema_values` (None: no average)."""
+  state = {
+      'trainable': [v.value for v in model.trainable_variables],
+      'non_trainable': [v.value for v in model.non_trainable_variables],
+      'optimizer': [v.value for v in optimizer.variables],
+      'step': step,
+  }
+  if ema_values is not None:
+    state['ema'] = list(ema_values)
+  # Copies: the program donates the state's buffers, and an average that
+  # starts as its weight (or a restored variable) may share one with it.
+  return jax.device_put(jax.tree.map(np.array, state), strategy.replicated)
 
 
 class _Phase:
@@ -75,18 +106,44 @@ class _Phase:
     and a zero gradient would still move a weight under weight decay).
 
     Under a LossScaleOptimizer (float16; never with a frozen backbone, which
-    build refuses) Keras' own stateless_apply does every step: it unscales
-    the gradients, skips a step with a non-finite one and halves the scale,
-    and doubles it after `dynamic_growth_steps` finite steps.
+    build refuses) loss_scaled_apply does Keras' rule without its branches.
     """
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-      return optimizer.stateless_apply(optimizer_state, grads, trainable)
+      return loss_scaled_apply(optimizer, optimizer_state, trainable, grads)
     mapping = (list(zip(self.all_trainable, trainable)) +
                list(zip(optimizer.variables, optimizer_state)))
     with keras.StatelessScope(state_mapping=mapping) as scope:
       optimizer.apply(grads, self.trainable)
     return ([scope.get_current_value(v) for v in self.all_trainable],
             [scope.get_current_value(v) for v in optimizer.variables])
+
+
+def loss_scaled_apply(optimizer, optimizer_state, trainable, grads):
+  """Keras' LossScaleOptimizer.stateless_apply, with selects for its two
+  `cond`s (each a host round trip per step on a GPU): the gradients are
+  unscaled and the inner optimizer applied; a step with a non-finite
+  gradient keeps the weights and the inner optimizer's state (its update
+  count too) and halves the scale; `dynamic_growth_steps` finite steps in
+  a row double it. The result equals Keras' (tests/test_trainer_jax.py)."""
+  inner = optimizer.inner_optimizer
+  own = len(optimizer.variables) - len(inner.variables)  # Theirs come last.
+  place = [id(v) for v in optimizer.variables]
+  counter, scale = (optimizer_state[place.index(id(v))]
+                    for v in (optimizer.step_counter, optimizer.dynamic_scale))
+  finite = optimizer.check_finite(grads)
+  applied, inner_state = inner.stateless_apply(
+      optimizer_state[own:], [g / scale for g in grads], trainable)
+  keep = lambda new, old: [jnp.where(finite, n, o) for n, o in zip(new, old)]
+  grows = counter == optimizer.dynamic_growth_steps - 1
+  values = {id(optimizer.step_counter): jnp.where(
+                finite & ~grows, counter + 1, jnp.zeros_like(counter)),
+            id(optimizer.dynamic_scale): jnp.where(
+                finite, jnp.where(grows, scale * 2.0, scale), scale * 0.5)}
+  # Its own other variables (an iteration count, a rate) it never changes.
+  own_state = [values.get(id(v), value) for v, value in
+               zip(optimizer.variables[:own], optimizer_state[:own])]
+  return (keep(applied, trainable),
+          own_state + keep(inner_state, optimizer_state[own:]))
 
 
 def optimizer_places(optimizer):
@@ -100,54 +157,45 @@ def optimizer_places(optimizer):
   return place
 
 
-def train_program(model, optimizer, config, num_classes, strategy, ema,
-                  frozen=False):
-  """The jitted program: state, images [slots, batch, ...], labels, steps
-  -> (state, outputs). One fori_loop on the device over the first `steps`
-  slots; gradient accumulation a scan over micro-batches inside a step.
-  `frozen`: the backbone stays as it is (_Phase)."""
-  one_step = _step_function(model, optimizer, config, num_classes, ema,
-                            frozen, config.gradient_accumulation_steps)
-
-  @functools.partial(jax.jit, donate_argnums=0,
-                     out_shardings=strategy.replicated)
-  def train(state, images, labels, num_steps):
-    # A loop on the device over the first num_steps of the stacked batches.
-    def body(index, carry):
-      state, losses, correct = carry
-      state, (loss, hits) = one_step(state, (images[index], labels[index]))
-      return state, losses.at[index].set(loss), correct + hits
-
-    losses = jnp.zeros(images.shape[0])
-    state, losses, correct = jax.lax.fori_loop(
-        0, num_steps, body, (state, losses, 0.0))
-    return state, {'loss': jnp.sum(losses) / num_steps,
-                   'accuracy': correct / (num_steps * labels.shape[1]),
-                   'step_losses': losses}
-
-  return train
+def train_step(model, optimizer, config, num_classes, strategy, ema,
+               frozen=False):
+  """The jitted step: (state, images, labels) -> (state, (loss, correct)),
+  the state's buffers donated. `frozen`: the backbone stays as it is
+  (_Phase)."""
+  one_step = step_function(model, optimizer, config, num_classes, ema,
+                           frozen, config.gradient_accumulation_steps)
+  return jax.jit(lambda state, images, labels: one_step(state, (images,
+                                                                labels)),
+                 donate_argnums=0, out_shardings=strategy.replicated)
 
 
-def cost_program(model, optimizer, config, num_classes, strategy, ema):
-  """One training step of one micro-batch, loop-free, jitted: state,
-  images [micro_batch, ...], labels -> state. What step_cost compiles: XLA
-  counts a loop's body once, or every iteration where it unrolls a short
-  loop, so the train program's figures would depend on that choice."""
-  one_step = _step_function(model, optimizer, config, num_classes, ema,
-                            False, 1)
-  return jax.jit(lambda state, images, labels: one_step(
-      state, (images, labels))[0], out_shardings=strategy.replicated)
+def gradient_program(model, optimizer, config, num_classes, strategy):
+  """The forward and backward pass of one micro-batch, loop-free, jitted:
+  state, images [micro_batch, ...], labels -> (loss, gradients). What
+  step_cost counts, as TensorFlow's counts its own gradient function:
+  the two backends' figures then describe the same work."""
+  del optimizer  # The same signature as the train program's.
+  gradient = _gradient_function(model, config, num_classes, _Phase(model,
+                                                                   False))
+
+  def loss_and_gradients(state, images, labels):
+    trainable, non_trainable = state['trainable'], state['non_trainable']
+    (_, (_, _, loss)), grads = gradient(
+        trainable, non_trainable, images,
+        objective.targets(labels, num_classes), 1.0)
+    return loss, grads
+
+  return jax.jit(loss_and_gradients, out_shardings=strategy.replicated)
 
 
-def _step_function(model, optimizer, config, num_classes, ema, frozen,
-                   accumulation):
-  """One training step as a traceable function: (state, (images, labels))
-  -> (state, (loss, correct))."""
+def _gradient_function(model, config, num_classes, phase):
+  """value_and_grad of the scaled loss: (trainable, non_trainable, images,
+  targets, scale) -> ((loss * scale, (non_trainable, correct, loss)),
+  gradients)."""
+  del num_classes  # The targets carry it.
   loss_fn = objective.loss_function(config.label_smoothing)
   l2 = config.l2_weight_decay
-  phase = _Phase(model, frozen)
   decayed = [objective.is_decayed(v) for v in phase.trainable]
-  place = optimizer_places(optimizer)
 
   def loss_of(trainable, non_trainable, images, targets, scale):
     with phase.applied():
@@ -161,7 +209,16 @@ def _step_function(model, optimizer, config, num_classes, ema, frozen,
     return loss * scale, (non_trainable, objective.correct(logits, targets),
                           loss)
 
-  gradient = jax.value_and_grad(loss_of, has_aux=True)
+  return jax.value_and_grad(loss_of, has_aux=True)
+
+
+def step_function(model, optimizer, config, num_classes, ema, frozen,
+                  accumulation):
+  """One training step as a traceable function: (state, (images, labels))
+  -> (state, (loss, correct))."""
+  phase = _Phase(model, frozen)
+  gradient = _gradient_function(model, config, num_classes, phase)
+  place = optimizer_places(optimizer)
 
   def one_step(state, batch):
     images, labels = batch
@@ -182,9 +239,12 @@ def _step_function(model, optimizer, config, num_classes, ema, frozen,
               correct + part_correct), None
 
     zeros = jax.tree.map(jnp.zeros_like, trained)
-    (non_trainable, grads, loss, correct), _ = jax.lax.scan(
-        add, (non_trainable, zeros, 0.0, 0.0),
-        (micro(images), micro(targets)))
+    carry = (non_trainable, zeros, 0.0, 0.0)
+    if accumulation == 1:  # No loop: XLA on a CPU runs one 2.5x slower.
+      carry, _ = add(carry, (images, targets))
+    else:
+      carry, _ = jax.lax.scan(add, carry, (micro(images), micro(targets)))
+    non_trainable, grads, loss, correct = carry
     trainable, non_trainable = phase.merge(state, trained, non_trainable)
     trainable, optimizer_state = phase.apply(
         optimizer, state['optimizer'], trainable, grads)

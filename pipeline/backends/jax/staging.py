@@ -7,8 +7,9 @@ own JAX trainer does one batch ahead, keras/src/backend/jax/trainer.py's
 `_one_batch_ahead_iterator`). A step then never waits for input that
 arrived while the previous execution ran.
 
-The batches are placed one by one (no host copy of a whole execution) and
-stacked on the devices; a failure while staging (a bad label, the end of
+The batches are placed one by one, no more than `max_bytes` of them per device
+(rules/schedule.py: STAGED_INPUT_BYTES_PER_DEVICE); the rest are pulled
+when their execution is taken. A failure while staging (a bad label, the end of
 the data) is kept and raised by the execution that would have taken that
 batch, as it would have been without staging.
 """
@@ -23,16 +24,17 @@ import numpy as np
 class Staging:
   """Batches of one iterator already on the devices, oldest first."""
 
-  def __init__(self, strategy):
+  def __init__(self, strategy, max_bytes):
     self.strategy = strategy
+    self.max_bytes = max_bytes  # Per device.
     self.iterator = None
     self.batches = collections.deque()  # (on-device arrays, skipped records)
     self.error = None  # Raised when the batch it stands for is taken.
 
-  def take(self, iterator, count, slots):
+  def take(self, iterator, count):
     """`count` staged batches of `iterator` (pulled now where too few were
-    staged), stacked to `slots` on the devices: ((images, labels)
-    [slots, batch, ...], skipped records, seconds spent waiting here)."""
+    staged): ([(images, labels) on the devices], skipped records, seconds
+    spent waiting here)."""
     self._follow(iterator)
     start = time.perf_counter()
     while len(self.batches) < count:
@@ -42,7 +44,7 @@ class Staging:
       self._pull()
     wait_s = time.perf_counter() - start
     taken = [self.batches.popleft() for _ in range(count)]
-    return (self.strategy.stack([arrays for arrays, _ in taken], slots),
+    return ([arrays for arrays, _ in taken],
             sum(skipped for _, skipped in taken), wait_s)
 
   def stage(self, iterator, count, running):
@@ -52,7 +54,8 @@ class Staging:
     staging (0 if it was still running)."""
     self._follow(iterator)
     done_at = None
-    while len(self.batches) < count and not self.error:
+    while (len(self.batches) < count and not self.error and
+           self._room_for_another()):
       try:
         self._pull()
       except Exception as e:  # pylint: disable=broad-except
@@ -60,6 +63,14 @@ class Staging:
       if done_at is None and _ready(running):
         done_at = time.perf_counter()
     return time.perf_counter() - done_at if done_at else 0.0
+
+  def _room_for_another(self):
+    """Whether one more batch (as large as the last) stays within
+    max_bytes per device."""
+    if not self.batches:
+      return True
+    each = self.strategy.bytes_per_device(self.batches[-1][0])
+    return (len(self.batches) + 1) * each <= self.max_bytes
 
   def _follow(self, iterator):
     if iterator is not self.iterator:  # Another pass: the staged are stale.

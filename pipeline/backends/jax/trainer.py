@@ -1,12 +1,11 @@
-"""The Trainer on JAX: model, optimizer and the compiled multi-step program.
+"""The Trainer on JAX: model, optimizer and the compiled step.
 
-Keras 3.15's JAX trainer runs
-`steps_per_execution` as a Python loop around a compiled step (its
-on-device loop came later, keras#23527); here one jitted program runs all
-of an execution's steps in a `lax.fori_loop` over batches stacked on the
-host, with the state as JAX arrays (Keras' stateless_call and
+As Keras 3.15's own JAX trainer, an execution is a Python loop that
+dispatches one compiled step per batch (programs.py says why no program
+loops), with the state as JAX arrays (Keras' stateless_call and
 stateless_apply) written back into the Keras variables only to save or
-export (programs.py builds the programs).
+export. The next execution's batches move to the devices while the queued
+steps run (staging.py).
 
 The model is replicated on every device and each batch split over them;
 XLA (GSPMD) inserts the gradient all-reduce. Batch-norm statistics are
@@ -21,10 +20,12 @@ import hashlib
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline.backends import hlo_cost
 from pipeline.backends.jax import devices
 from pipeline.backends.jax import ema as ema_lib
 from pipeline.backends.jax import programs
@@ -32,10 +33,11 @@ from pipeline.backends.jax import staging as staging_lib
 from pipeline.backends.jax.programs import on_host
 from pipeline.data import decode
 from pipeline.errors import UserError
-from pipeline.errors import first_line
 from pipeline.rules import precision
+from pipeline.rules import schedule
 from pipeline.storage import checkpoint_files
 from pipeline.recipe import models
+from pipeline.recipe import moving_average
 from pipeline.recipe import optimizers
 
 
@@ -46,23 +48,24 @@ class Trainer:
   optimizer: keras.optimizers.Optimizer
   strategy: object  # devices.DataParallel
   state: dict  # trainable, non_trainable, optimizer, ema, step: JAX arrays.
-  train_program: object
+  train_step: object
   eval_program: object
   num_classes: int
   label_offset: int
   out_of_memory: str
   ema: Optional[ema_lib.MovingAverage] = None
   step_variables: checkpoint_files.Variables = None
-  slots: int = 1  # Steps one program call can run: steps_per_execution.
+  slots: int = 1  # Steps staged ahead: steps_per_execution.
   frozen_steps: int = 0  # Fine-tuning: the first steps train the head alone,
-  frozen_program: object = None  # in this program.
+  frozen_step: object = None  # with this step.
   accumulation: int = 1  # Micro-batches per step.
   last_inputs: tuple = None  # The last execution's (images, labels) shapes.
   staging: staging_lib.Staging = None  # The next execution's batches.
-  cost_program: object = None  # One loop-free step, for step_cost.
+  gradient_program: object = None  # One loop-free pass, for step_cost.
 
   def __post_init__(self):
-    self.staging = self.staging or staging_lib.Staging(self.strategy)
+    self.staging = self.staging or staging_lib.Staging(
+        self.strategy, schedule.STAGED_INPUT_BYTES_PER_DEVICE)
 
   # --- the Trainer interface (backends/interface.py) ---
 
@@ -89,66 +92,45 @@ class Trainer:
     return on_host(self.state['optimizer'][place])
 
   def train(self, iterator, num_steps):
-    """Runs `num_steps` steps in one compiled program (the interface's
-    outputs), and stages the next execution's batches on the devices while
-    it runs (staging.py).
-
-    Batches are stacked to steps_per_execution slots whatever `num_steps`
-    is (unused ones zeros, never run), so a short last execution reuses
-    the one compiled program instead of compiling another (a minute for
-    B0 on a CPU). Before `frozen_steps` the frozen-backbone program runs;
-    the loop never lets an execution cross that step.
-    """
-    program = self.train_program
+    """Dispatches `num_steps` steps (the interface's outputs), then stages
+    the next execution's batches on the devices while they run
+    (staging.py). Before `frozen_steps` the frozen-backbone step runs; the
+    loop never lets an execution cross that step."""
+    step = self.train_step
     if self.frozen_steps and self.step < self.frozen_steps:
-      program = self.frozen_program
+      step = self.frozen_step
     with self._errors_in_one_line():  # The input checks the labels.
-      (images, labels), skipped, wait_s = self.staging.take(
-          iterator, num_steps, self.slots)
+      batches, skipped, wait_s = self.staging.take(iterator, num_steps)
     # Their shapes only, for step_cost: not the arrays' device memory.
     self.last_inputs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                   sharding=a.sharding)
-                             for a in (images, labels))
+                             for a in batches[0])
+    outputs = []
     with self._errors_in_one_line():
-      self.state, outputs = program(self.state, images, labels,
-                                    np.int32(num_steps))
+      for images, labels in batches:
+        self.state, output = step(self.state, images, labels)
+        outputs.append(output)
       # Dispatched, not finished: the next execution's input moves now.
       wait_s += self.staging.stage(iterator, self.slots, outputs)
-      outputs = on_host(outputs)
-    return {'loss': float(outputs['loss']),
-            'accuracy': float(outputs['accuracy']),
+      losses, correct = np.asarray(on_host(outputs)).T
+    return {'loss': float(losses.mean()),
+            'accuracy': float(correct.sum() / (num_steps * self.last_inputs[
+                1].shape[0])),
             'input_wait_s': wait_s, 'skipped_records': skipped,
-            'step_losses': np.asarray(outputs['step_losses'][:num_steps])}
+            'step_losses': losses}
 
   def step_cost(self):
-    if self.last_inputs is None or self.cost_program is None:
+    if self.last_inputs is None or self.gradient_program is None:
       return {'reason': 'no training step has run'}
-    # A loop-free step of one micro-batch, compiled for this device (its
-    # share of the batch): a PJRT plugin (CUDA, libtpu) has no cost
-    # analysis before compiling.
     images, labels = self.last_inputs
-    micro_batch = images.shape[1] // self.accumulation
+    micro_batch = images.shape[0] // self.accumulation
     micro = lambda a: jax.ShapeDtypeStruct(
-        (micro_batch, *a.shape[2:]), a.dtype,
+        (micro_batch, *a.shape[1:]), a.dtype,
         sharding=self.strategy.batch_sharding())
-    try:
-      analysis = self.cost_program.lower(
-          self.state, micro(images), micro(labels)).compile().cost_analysis()
-    except Exception as e:  # pylint: disable=broad-except
-      return {'reason': "XLA's cost analysis of the compiled step failed "
-                        f'here ({type(e).__name__}: {first_line(e)})'}
-    # A dict; a list of one in older JAX; None or {} where the plugin
-    # has none.
-    analysis = (analysis[0] if isinstance(analysis, list) and analysis
-                else analysis) or {}
-    flops, accessed = analysis.get('flops'), analysis.get('bytes accessed')
-    if flops is None or accessed is None:
-      return {'reason': f'{self.strategy.mesh.devices.flat[0].platform} '
-                        'gives no cost analysis of the compiled step'}
-    per_device = micro_batch // self.strategy.num_replicas_in_sync
-    return {'flops': float(flops) / per_device,
-            'bytes': float(accessed) / per_device,
-            'counted': 'the compiled step on one device'}
+    return hlo_cost.per_image(
+        lambda: self.gradient_program.lower(
+            self.state, micro(images), micro(labels)).as_text(dialect='hlo'),
+        micro_batch, lambda: jax.devices('cpu')[0].client)
 
   def evaluate(self, dataset, num_steps):
     """The interface's figures: the averaged weights' with a moving
@@ -163,20 +145,21 @@ class Trainer:
                            ('loss', 'accuracy', 'top5_accuracy')})
 
   def _evaluate(self, dataset, num_steps, trainable, non_trainable):
-    totals = np.zeros(4)
-    confusion = np.zeros((self.num_classes, self.num_classes))
+    """Sums over `num_steps` batches, added on the devices: each batch is
+    placed while the one before it is evaluated (dispatch returns at once),
+    and the host waits only for the totals."""
+    totals = None
     iterator = iter(dataset)
     with self._errors_in_one_line():
       for _ in range(num_steps):
         batch = self.strategy.to_devices(next(iterator))
-        sums, matrix = on_host(
-            self.eval_program(trainable, non_trainable, *batch))
-        totals += sums
-        confusion += matrix
-    loss, correct, correct_top_k, examples = totals
+        sums = self.eval_program(trainable, non_trainable, *batch)
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals,
+                                                          sums)
+      (loss, correct, correct_top_k, examples), confusion = on_host(totals)
     return {'loss': loss / examples, 'accuracy': correct / examples,
             'top5_accuracy': correct_top_k / examples,
-            'examples': float(examples), 'confusion': confusion}
+            'examples': float(examples), 'confusion': np.asarray(confusion)}
 
   def write_back(self):
     """Writes the JAX state into the Keras variables (model, optimizer,
@@ -248,18 +231,10 @@ class Trainer:
 
 
 def _state_of(model, optimizer, step_variables, ema, strategy):
-  """The run's state as JAX arrays, replicated on every device."""
-  state = {
-      'trainable': [v.value for v in model.trainable_variables],
-      'non_trainable': [v.value for v in model.non_trainable_variables],
-      'optimizer': [v.value for v in optimizer.variables],
-      'step': step_variables.values[0].value,
-  }
-  if ema:
-    state['ema'] = [v.value for v in ema.variables.values]
-  # Copies: the program donates the state's buffers, and an average that
-  # starts as its weight (or a restored variable) may share one with it.
-  return jax.device_put(jax.tree.map(np.array, state), strategy.replicated)
+  """The run's state as JAX arrays, from the Keras variables."""
+  return programs.initial_state(
+      model, optimizer, strategy, step_variables.values[0].value,
+      [v.value for v in ema.variables.values] if ema else None)
 
 
 def build(config, plan):
@@ -277,24 +252,27 @@ def build(config, plan):
   optimizer.build(model.trainable_variables)
   step_variables = checkpoint_files.Variables('step', shapes=[()],
                                               dtype='int32')
-  ema = ema_lib.MovingAverage(model, config.ema_decay) if config.ema_decay else None
+  ema = None
+  if config.ema_decay:
+    ema = ema_lib.MovingAverage(model, config.ema_decay, checkpoint_files.Variables(
+        'ema', like=moving_average.averaged(model)))
   strategy = hardware.strategy
   trainer = Trainer(
       model, optimizer, strategy,
       _state_of(model, optimizer, step_variables, ema, strategy),
-      programs.train_program(model, optimizer, config, num_classes, strategy,
-                             ema),
+      programs.train_step(model, optimizer, config, num_classes, strategy,
+                          ema),
       programs.eval_program(model, num_classes, strategy),
       num_classes, config.label_offset,
       plan.out_of_memory_message(config), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
       accumulation=config.gradient_accumulation_steps,
       frozen_steps=plan.frozen_steps,
-      cost_program=programs.cost_program(model, optimizer, config,
-                                         num_classes, strategy, ema),
-      frozen_program=(programs.train_program(
+      gradient_program=programs.gradient_program(
+          model, optimizer, config, num_classes, strategy),
+      frozen_step=(programs.train_step(
           model, optimizer, config, num_classes, strategy, ema, frozen=True)
-                      if plan.frozen_steps else None))
+                   if plan.frozen_steps else None))
   if ema:
     ema.trainer = trainer
   return trainer
