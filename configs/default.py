@@ -103,7 +103,8 @@ def get_config():
   config.freeze_backbone_epochs = 0.0
 
   # Execution. Steps per compiled call: fewer host round trips. 0 picks one
-  # for the device: 100 on TPU, 8 on CPU and GPU (pipeline/training/loop.py).
+  # for the device: 100 on TPU, 8 on CPU and GPU, fewer where 1 GiB of
+  # staged input per device holds fewer (pipeline/rules/schedule.py).
   config.steps_per_execution = 0
   # Where XLA's compiled programs are kept across runs: '' a per-user folder
   # on a GPU or TPU (off on a CPU), 'off', or a local folder (any device).

@@ -225,6 +225,20 @@ def test_steps_per_execution_auto_and_explicit(requested, kind, steps):
   assert ('auto' in reason) == (requested == 0)
 
 
+def test_auto_steps_per_execution_fit_a_chips_staged_input():
+  """configs/imagenet.py on a v5e-8 (16 GiB a chip): 256 images of 224 px
+  a chip a step, 38.5 MB; 27 steps fill the 1 GiB staged beside the
+  running execution, where 100 would stage 3.9 GB (and as much running)."""
+  step_bytes = 2048 // 8 * 224 * 224 * 3
+  chosen, reason = schedule.choose_steps_per_execution(0, 'TPU', step_bytes)
+  assert chosen == 27 == (1 << 30) // step_bytes
+  assert reason == ('auto for TPU: as many steps as 1 GiB of staged input '
+                    'per device holds (36.8 MiB a step)')
+  assert schedule.choose_steps_per_execution(0, 'GPU', step_bytes)[0] == 8
+  assert schedule.choose_steps_per_execution(0, 'TPU', 2 << 30)[0] == 1
+  assert schedule.choose_steps_per_execution(100, 'TPU', step_bytes)[0] == 100
+
+
 def _config(**fields):
   config = default.get_config()
   config.update(fields)

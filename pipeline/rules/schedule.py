@@ -9,14 +9,27 @@ from pipeline.errors import UserError
 # (iterations_per_loop). On CPU and GPU a call costs far less than a step and
 # 8 only trims Python overhead; more would delay logs and preemption saves.
 _AUTO_STEPS_PER_EXECUTION = {'TPU': 100, 'GPU': 8, 'CPU': 8}
+# The input one device holds for the next execution while the current one
+# runs (the JAX backend stages it: backends/jax/staging.py), at most: a
+# sixteenth of the smallest chip lent today (a v5e's 16 GiB), so the
+# running and the staged executions' images take an eighth.
+STAGED_INPUT_BYTES_PER_DEVICE = 1 << 30
 
 
-def choose_steps_per_execution(requested, device_kind):
-  """Returns (steps, reason): `requested` if 1 or more, 0 picks per device."""
+def choose_steps_per_execution(requested, device_kind,
+                               input_bytes_per_step=0):
+  """Returns (steps, reason): `requested` if 1 or more; 0 picks per device,
+  no more steps than STAGED_INPUT_BYTES_PER_DEVICE holds of one device's
+  `input_bytes_per_step` (its share of a batch, as uint8 pixels)."""
   if requested:
     return requested, 'set in the config'
-  return (_AUTO_STEPS_PER_EXECUTION[device_kind],
-          f'auto for {device_kind}: 100 on TPU, 8 on CPU and GPU')
+  steps = _AUTO_STEPS_PER_EXECUTION[device_kind]
+  fits = STAGED_INPUT_BYTES_PER_DEVICE // max(input_bytes_per_step, 1)
+  if fits < steps:
+    return max(fits, 1), (
+        f'auto for {device_kind}: as many steps as 1 GiB of staged input '
+        f'per device holds ({input_bytes_per_step / 2**20:.1f} MiB a step)')
+  return steps, f'auto for {device_kind}: 100 on TPU, 8 on CPU and GPU'
 
 
 def epoch_steps(requested_examples, num_train_examples, global_batch_size):

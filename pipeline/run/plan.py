@@ -210,7 +210,9 @@ def resolve(config, request, hardware=None):
   xla, xla_reason = backend.choose_xla(request.xla, hardware,
                                        resolved_precision.policy)
   steps_per_execution, steps_reason = schedule.choose_steps_per_execution(
-      config.steps_per_execution, hardware.device_kind)
+      config.steps_per_execution, hardware.device_kind,
+      config.global_batch_size // hardware.num_replicas *
+      config.image_size**2 * 3)
   validation.validate(config, hardware.num_replicas, models.MODELS)
   workdir, resumed = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
