@@ -217,7 +217,8 @@ def request(config, workdir_default=True):
       num_cpu_devices=NUM_CPU_DEVICES.value, split_gpus=SPLIT_GPUS.value,
       collective=COLLECTIVE.value,
       collective_timeout_s=COLLECTIVE_TIMEOUT_S.value,
-      allow_cpu=ALLOW_CPU.value, workdir_lease_s=WORKDIR_LEASE_S.value)
+      allow_cpu=ALLOW_CPU.value, workdir_lease_s=WORKDIR_LEASE_S.value,
+      input_pipeline=config.input_pipeline)
 
 
 def config_args():

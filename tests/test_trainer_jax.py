@@ -467,3 +467,19 @@ def test_a_jax_run_reports_its_accelerators_peak_memory_not_the_hosts(
   assert metrics.peak_memory(backend, types_lib.SimpleNamespace(
       device_kind='GPU')) == {'peak_memory_bytes': 12345,
                               'peak_memory_kind': 'GPU:0 device'}
+
+
+@pytest.mark.parametrize('pipeline, memory_mib, preset, expected', [
+    ('dali', [81559], None, '0.95'), ('dali', [15360, 16384], None, '0.73'),
+    ('dali', [4096], None, '0.50'), ('tf.data', [81559], None, None),
+    ('dali', [81559], '0.6', '0.6'), ('dali', [], None, None)])
+def test_dali_keeps_its_share_of_the_gpus_jax_takes(
+    pipeline, memory_mib, preset, expected, monkeypatch):
+  """JAX takes 75% of each GPU as it starts; DALI decoding in the same
+  process keeps 4 GiB of the smallest (stand-in GPUs: nvidia-smi's
+  figures), a share the user set stays, tf.data's runs change nothing."""
+  monkeypatch.setattr(devices_jax.hardware_lib, 'gpu_memory_mib',
+                      lambda: memory_mib)
+  environ = {} if preset is None else {devices_jax.MEMORY_FRACTION: preset}
+  devices_jax.leave_room_for_dali(pipeline, environ)
+  assert environ.get(devices_jax.MEMORY_FRACTION) == expected

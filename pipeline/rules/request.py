@@ -24,3 +24,4 @@ class Request:
   # A gs:// workdir's lease lapses this long after its holder's last renewal.
   workdir_lease_s: float = 120.0
   trains: bool = True  # False: reads another run's workdir (launch.evaluate).
+  input_pipeline: str = 'tf.data'  # The config's: DALI shares the GPUs.
