@@ -51,6 +51,11 @@ def _backend_package(module):
                if module == p or module.startswith(p + '.')), None)
 
 
+# The one launcher that names a backend: it measures the JAX route itself,
+# on machines that have nothing else (no TensorFlow to resolve a plan with).
+NAMES_ITS_BACKEND = {('launch.probe', 'pipeline.backends.jax.probe')}
+
+
 def test_only_a_backend_imports_its_own_package():
   """Everything else reaches a backend through plan.backend, and the two
   backends never import each other."""
@@ -59,7 +64,8 @@ def test_only_a_backend_imports_its_own_package():
     own = _backend_package(module)
     for imported in _imports(path):
       theirs = _backend_package(imported)
-      if theirs and theirs != own:
+      if (theirs and theirs != own and
+          (module, imported) not in NAMES_ITS_BACKEND):
         wrong.append(f'{module} imports {imported}')
   assert not wrong
 

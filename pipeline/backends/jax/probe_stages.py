@@ -1,0 +1,230 @@
+"""The stages of launch.probe (probe.py says what each measures): each a
+function of the Probe and the policy, returning its figures."""
+
+import time
+
+import jax
+import keras
+import numpy as np
+
+from pipeline.backends import hlo_cost
+from pipeline.backends.jax import programs
+from pipeline.backends.jax import staging as staging_lib
+from pipeline.backends.jax.programs import on_host
+from pipeline.recipe import models
+from pipeline.recipe import optimizers
+from pipeline.rules import precision
+from pipeline.rules import schedule
+
+
+def make_optimizer(config, policy):
+  """The config's optimizer over a long run's schedule, loss-scaled where
+  the policy computes in float16."""
+  return precision.wrap_optimizer(
+      optimizers.make_optimizer(config, config.base_learning_rate *
+                                config.global_batch_size / 256, 100_000,
+                                1000), policy)
+
+
+def _by_steps(step):
+  """An execution as the trainer runs it: `step` dispatched per batch."""
+  def execution(state, batches):
+    outputs = []
+    for images, labels in batches:
+      state, output = step(state, images, labels)
+      outputs.append(output)
+    return state, outputs
+  return execution
+
+
+def _timed(execution, state, batches, executions):
+  """Runs `execution` `executions` times on the same on-device batches;
+  (state, seconds) from the first dispatch to the last output."""
+  begin = time.perf_counter()
+  for _ in range(executions):
+    state, outputs = execution(state, batches)
+  jax.block_until_ready(outputs)
+  return state, time.perf_counter() - begin
+
+
+def _compiled_step(setup, state, batches):
+  """(the step compiled for these shapes, seconds it took)."""
+  began = time.perf_counter()
+  compiled = setup.step.lower(state, *batches[0]).compile()
+  return compiled, time.perf_counter() - began
+
+
+def device_rate(probe, policy):
+  """(a): the step compiled, then timed on batches already on the
+  devices."""
+  setup = probe.setup(policy)
+  batches = probe.on_devices(probe.slots)
+  state = setup.state()
+  setup.compiled, probe.compile_s = _compiled_step(setup, state, batches)
+  execution = _by_steps(setup.compiled)
+  state, first_s = _timed(execution, state, batches, 1)
+  state, seconds = _timed(execution, state, batches, probe.executions)
+  setup.trained_state = state  # Live: each program donates what it takes.
+  setup.state_spec = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+      state)
+  probe.device_images_per_sec = probe.images(probe.executions) / seconds
+  return {'policy': policy, 'compile_s': round(probe.compile_s, 1),
+          'first_execution_s': round(first_s, 2),
+          'images_per_sec': round(probe.device_images_per_sec, 1),
+          'steps_per_execution': probe.slots,
+          'global_batch_size': probe.config.global_batch_size}
+
+
+def _fed(probe, execution, state, executions):
+  """Executions fed from host arrays as the trainer feeds them: take the
+  staged batches, dispatch, stage the next while they run, wait."""
+  staging = staging_lib.Staging(probe.strategy,
+                                schedule.STAGED_INPUT_BYTES_PER_DEVICE)
+  stream = probe.host_stream()
+  staging.stage(stream, probe.slots, ())
+  wait_s = idle_s = dispatch_s = 0.0
+  begin = time.perf_counter()
+  for _ in range(executions):
+    batches, _, waited = staging.take(stream, probe.slots)
+    dispatched = time.perf_counter()
+    state, outputs = execution(state, batches)
+    dispatch_s += time.perf_counter() - dispatched
+    idle_s += staging.stage(stream, probe.slots, outputs)
+    wait_s += waited
+    jax.block_until_ready(outputs)
+  seconds = time.perf_counter() - begin
+  rate = probe.images(executions) / seconds
+  return state, {
+      'images_per_sec': round(rate, 1),
+      'of_device_rate': round(rate / probe.device_images_per_sec, 3),
+      'dispatch_returns_after_s': round(dispatch_s / executions, 4),
+      'execution_s': round(seconds / executions, 4),
+      'input_wait_s_per_execution': round((wait_s + idle_s) / executions, 4)}
+
+
+def staged_input(probe, policy):
+  """(b): the trainer's staging, with the loop as it is and as it was."""
+  setup = probe.setup(policy)
+  state, now = _fed(probe, _by_steps(setup.compiled), setup.trained_state,
+                    probe.executions)
+  was = setup.as_it_was()
+  began = time.perf_counter()
+  state, _ = was(state, probe.on_devices(probe.slots))  # Compiles.
+  jax.block_until_ready(state)
+  compile_s = time.perf_counter() - began
+  setup.trained_state, before = _fed(probe, was, state, probe.executions)
+  return {'one_program_per_step': now,
+          'one_program_per_execution_runtime_trip_count': before,
+          'runtime_trip_count_compile_s': round(compile_s, 1),
+          'staged_bytes_per_device_limit':
+              schedule.STAGED_INPUT_BYTES_PER_DEVICE}
+
+
+def memory(probe, policy):
+  """(c): the device's memory, the compiled step's, and the input staged
+  beside it at two steps_per_execution (one execution's batches per
+  device)."""
+  setup = probe.setup(policy)
+  stats = probe.device.memory_stats() or {}
+  analysis = setup.compiled.memory_analysis()
+  figures = {'memory_limit_bytes': stats.get('bytes_limit'),
+             'peak_bytes_in_use_so_far': stats.get('peak_bytes_in_use'),
+             'step_arguments_bytes': analysis.argument_size_in_bytes,
+             'step_temporaries_bytes': analysis.temp_size_in_bytes,
+             'step_outputs_bytes': analysis.output_size_in_bytes}
+  batch = probe.strategy.bytes_per_device(probe.on_devices(1))
+  for slots in (probe.slots, probe.slots * 4):
+    staged = min(slots * batch, schedule.STAGED_INPUT_BYTES_PER_DEVICE)
+    figures[f'steps_per_execution_{slots}'] = {
+        'staged_input_bytes': staged, 'running_input_bytes': slots * batch,
+        'total_bytes': (analysis.argument_size_in_bytes +
+                        analysis.temp_size_in_bytes + (slots - 1) * batch +
+                        staged)}
+  return figures
+
+
+def flops(probe, policy):
+  """(d): one micro-batch's forward and backward pass, counted before and
+  after XLA compiles it for this device."""
+  setup = probe.setup(policy)
+  micro_batch = probe.config.global_batch_size
+  images, labels = probe.strategy.to_devices(probe.host_batches[0])
+  gradient = programs.gradient_program(setup.model, setup.optimizer,
+                                        probe.config, probe.num_classes,
+                                        probe.strategy)
+  lowered = gradient.lower(setup.state_spec, images, labels)
+  unoptimized = hlo_cost.per_image(lambda: lowered.as_text(dialect='hlo'),
+                                   micro_batch,
+                                   lambda: jax.devices('cpu')[0].client)
+  compiled = lowered.compile()
+  analysis = compiled.cost_analysis() or {}
+  analysis = analysis[0] if isinstance(analysis, list) else analysis
+  counted = analysis.get('flops')
+  return {'unoptimized_flops_per_image': unoptimized.get('flops'),
+          'unoptimized_counted': unoptimized.get('counted',
+                                                 unoptimized.get('reason')),
+          'compiled_flops_per_image': (counted / micro_batch
+                                       if counted is not None else None),
+          'compiled_custom_calls': compiled.as_text().count('custom-call('),
+          'device': probe.device.device_kind}
+
+
+def float16(probe, policy):
+  """(e): mixed_float16 with the loss scale in the step."""
+  del policy
+  setup = probe.setup('mixed_float16')
+  batches = probe.on_devices(probe.slots)
+  state = setup.state()
+  compiled, compile_s = _compiled_step(setup, state, batches)
+  execution = _by_steps(compiled)
+  state, _ = _timed(execution, state, batches, 1)
+  state, seconds = _timed(execution, state, batches, probe.executions)
+  place = programs.optimizer_places(setup.optimizer)
+  values = on_host({name: state['optimizer'][i] for name, i in place.items()})
+  steps = int(on_host(state['step']))
+  return {'compile_s': round(compile_s, 1),
+          'images_per_sec': round(probe.images(probe.executions) / seconds, 1),
+          'final_loss_scale': float(values['dynamic_scale']),
+          'steps': steps, 'skipped_steps': steps - int(values['iterations'])}
+
+
+def keras_fit(probe, policy):
+  """(f): Keras' own trainer on the same model, batch and policy, fed the
+  same host arrays: its first epoch compiles, the second is timed."""
+  config = probe.config
+  keras.mixed_precision.set_global_policy(policy)
+  keras.utils.set_random_seed(config.seed)
+  model = models.build_model(config.model, probe.num_classes,
+                             config.image_size, config.dropout_rate,
+                             config.batch_norm_momentum,
+                             config.drop_connect_rate)
+  model.compile(make_optimizer(config, policy),
+                keras.losses.CategoricalCrossentropy(
+                    from_logits=True, label_smoothing=config.label_smoothing),
+                jit_compile=True, steps_per_execution=probe.slots)
+  steps = probe.slots * probe.executions
+  images = np.concatenate([probe.host_batches[i % 4][0] for i in range(steps)])
+  labels = np.concatenate([probe.host_batches[i % 4][1] for i in range(steps)])
+  targets = np.eye(probe.num_classes, dtype=np.float32)[labels]
+  epochs = []
+  timer = keras.callbacks.LambdaCallback(
+      on_epoch_begin=lambda *_: epochs.append(time.perf_counter()),
+      on_epoch_end=lambda *_: epochs.append(time.perf_counter()))
+  model.fit(images, targets, batch_size=config.global_batch_size, epochs=2,
+            shuffle=False, verbose=0, callbacks=[timer])
+  first_s, second_s = epochs[1] - epochs[0], epochs[3] - epochs[2]
+  return {'policy': policy, 'first_epoch_s': round(first_s, 1),
+          'images_per_sec': round(len(images) / second_s, 1),
+          'of_this_projects_device_rate': round(
+              len(images) / second_s / probe.device_images_per_sec, 3)
+          if probe.device_images_per_sec else None}
+
+
+# letter: (name, stage, compilations it makes).
+BY_LETTER = {'a': ('device_rate', device_rate, 1),
+           'b': ('staged_input', staged_input, 1),
+           'c': ('memory', memory, 0),
+           'd': ('flops', flops, 1),
+           'e': ('float16', float16, 1),
+           'f': ('keras_fit', keras_fit, 1)}
