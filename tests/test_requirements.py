@@ -21,8 +21,19 @@ GPU_REQUIREMENTS = os.path.join(REPO, 'requirements-gpu.txt')
 PYTHONS = ['3.11', '3.12', '3.13']
 
 
-def _pins(text):
-  return dict(re.findall(r'^([A-Za-z0-9_.\-\[\]]+)==(\S+)', text, re.M))
+def _pins(text, python=None):
+  """{name: version} pinned in `text`, for Python `python` where a pin has
+  a python_version marker (e.g. '; python_version >= "3.12"')."""
+  pins = {}
+  for name, version, operator, bound in re.findall(
+      r'^([A-Za-z0-9_.\-\[\]]+)==([^\s;]+)(?:; python_version ([<>=]+) '
+      r'"([\d.]+)")?', text, re.M):
+    if operator:
+      ours, theirs = (tuple(map(int, v.split('.'))) for v in (python, bound))
+      if not {'>=': ours >= theirs, '<': ours < theirs}[operator]:
+        continue
+    pins[name] = version
+  return pins
 
 
 def _compile(path, python, platform):
@@ -45,15 +56,17 @@ def test_the_gpu_requirements_resolve_with_every_nvidia_wheel_pinned(python):
   pins = {}
   for name in ('requirements-gpu.txt', 'requirements-dali.txt'):
     with open(os.path.join(REPO, name)) as f:
-      pins.update(_pins(f.read()))
+      pins.update(_pins(f.read(), python))
   assert len(nvidia) == 20  # CUDA 14, DALI and its image codecs 6.
   assert nvidia == {name: pins[name] for name in nvidia}  # All pinned.
   cudnn = tuple(int(p) for p in nvidia['nvidia-cudnn-cu12'].split('.')[:2])
   assert cudnn >= (9, 24)
   assert resolved['tensorflow'] == '2.21.0'
-  # Both backends in one environment, JAX with its CUDA plugin.
+  # Both backends in one environment, JAX with its CUDA plugin: 0.11 from
+  # Python 3.12 on (it needs 3.12), 0.10.2 before.
+  jax = '0.10.2' if python == '3.11' else '0.11.2'
   for name in ('jaxlib', 'jax-cuda12-pjrt', 'jax-cuda12-plugin'):
-    assert resolved[name] == pins[name] == '0.10.2', name
+    assert resolved[name] == pins[name] == jax, name
   assert resolved['jax'] == pins['jax[cuda12]']
   assert resolved['nvidia-dali-cuda120'] == pins['nvidia-dali-cuda120']
 
@@ -72,7 +85,8 @@ def test_the_jax_tpu_requirements_resolve_as_pinned(python):
   path = os.path.join(REPO, 'requirements-jax.txt')
   resolved = _compile(path, python, 'x86_64-manylinux_2_31')
   with open(path) as f:
-    pins = _pins(f.read())
+    pins = _pins(f.read(), python)
   for name in ('jax[tpu]', 'jaxlib', 'libtpu', 'tensorflow-cpu', 'keras'):
     assert resolved[name.split('[')[0]] == pins[name], name
+  assert pins['jax[tpu]'] == ('0.10.2' if python == '3.11' else '0.11.2')
   assert 'tensorflow' not in resolved  # Only the CPU build.
