@@ -35,8 +35,8 @@ from conftest import signal_once_it_prints
 from conftest import stopped_at_one_step
 from conftest import wait_until_gone
 
-pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
-                    'environment (requirements-jax-test.txt)')
+jax = pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
+                          'environment (requirements-jax-test.txt)')
 
 from pipeline.rules import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -284,7 +284,7 @@ def test_gpus_that_jax_cannot_see_stop_the_run_naming_the_fix(tfds_dir,
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
       'error: this machine has 1 NVIDIA GPU(s) (nvidia-smi -L) but JAX '
-      '0.10.2 sees none: no CUDA plugin is installed (this jaxlib runs on '
+      f'{jax.__version__} sees none: no CUDA plugin is installed (this jaxlib runs on '
       'CPUs and TPUs); install requirements-gpu.txt (jax[cuda12]), or pass '
       '--allow_cpu to train on the CPU')
   allowed = run_train(*_args(tmp_path / 'run', tfds_dir), '--dry_run',

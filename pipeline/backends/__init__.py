@@ -8,7 +8,8 @@ there, the checkpoint format it writes, the profiler and the LiteRT writer.
 The rest of the library reads `plan.backend` and calls the interface; only
 this package names a backend. The backends never import each other; they
 import what lies below them: recipe/ (what they compile), rules/, data/,
-storage/ and pipeline.errors. litert.py writes LiteRT for both.
+storage/ and pipeline.errors. tensorflow_exports.py writes the SavedModel
+and LiteRT for both, hlo_cost.py counts both backends' FLOPs.
 
 Keras reads its backend once, as it is imported, so the launchers call
 `prepare(argv)` (through environment.prepare) before anything imports

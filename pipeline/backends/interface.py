@@ -124,6 +124,11 @@ class Backend(Protocol):
     """(start(logdir), stop()) of the profiler that writes TensorBoard's
     Profile tab."""
 
+  def write_saved_model(self, model, metadata: dict, path: str,
+                        io_device: Optional[str] = None) -> None:
+    """`model` (the export's weights in it) as a SavedModel at `path`, a
+    plain TensorFlow graph (backends/tensorflow_exports.py)."""
+
   def write_tflite(self, weights: list, metadata: dict, path: str,
                    kind: str) -> None:
     """A LiteRT model of the float32 network with `weights` at `path`."""

@@ -3,11 +3,10 @@
 import os
 import tempfile
 
-import keras
 import tensorflow as tf
 
+from pipeline import backends
 from pipeline.data import decode
-from pipeline.recipe import models
 from pipeline.storage import workdirs
 
 
@@ -22,17 +21,17 @@ def export_run(config, plan, trainer, name='export'):
     return export_model(
         trainer.model, plan.workdir, plan.hardware.is_chief,
         metadata(config, plan), name=name, tflite=config.export_tflite,
-        io_device=plan.io_device, write_tflite=plan.backend.write_tflite)
+        io_device=plan.io_device, backend=plan.backend)
 
 
 def export_model(model, workdir, is_chief, metadata, name='export',
-                 tflite='', io_device=None, write_tflite=None):
+                 tflite='', io_device=None, backend=None):
   """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.
 
   `metadata` (class names, image size, preprocessing) goes beside it as
   metadata.json, so launch.predict needs nothing but the export; with
-  `tflite` ('float32' or 'float16') a LiteRT model.tflite too, by the
-  backend's `write_tflite(weights, metadata, path, kind)`. Every
+  `tflite` ('float32' or 'float16') a LiteRT model.tflite too, each
+  written by the `backend` (TensorFlow's where None). Every
   worker traces the export (tf.distribute may need all of them in the
   save); only the chief's copy is kept, written under a temporary name and
   renamed into place, then uploaded for a gs:// workdir. `io_device`
@@ -42,19 +41,14 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   target = workdir.path(name)
   staging = (f'{target}.tmp-{os.getpid()}' if is_chief else
              tempfile.mkdtemp(prefix='export-worker-'))
-  # Keras' model.export, with the SaveOptions it does not pass through.
-  archive = keras.export.ExportArchive()
-  archive.track_and_add_endpoint(
-      'serve', models.with_softmax(model),
-      [tf.TensorSpec(model.input.shape, model.input.dtype)])
-  archive.write_out(staging, verbose=False, options=tf.saved_model.SaveOptions(
-      experimental_io_device=io_device))
+  backend = backend or backends.load('tensorflow')
+  backend.write_saved_model(model, metadata, staging, io_device)
   if not is_chief:
     tf.io.gfile.rmtree(staging)
     return None
   if tflite:
-    write_tflite(model.get_weights(), metadata,
-                 os.path.join(staging, TFLITE), tflite)
+    backend.write_tflite(model.get_weights(), metadata,
+                         os.path.join(staging, TFLITE), tflite)
   workdirs.write_json(os.path.join(staging, METADATA),
                      dict(metadata, tflite=TFLITE if tflite else None))
   workdirs.replace_dir(staging, target)

@@ -87,9 +87,18 @@ class JaxBackend:
     import jax  # pylint: disable=g-import-not-at-top
     return jax.profiler.start_trace, jax.profiler.stop_trace
 
+  def write_saved_model(self, model, metadata, path, io_device=None):
+    del io_device  # TPU Nodes only, which JAX does not drive.
+    import keras  # pylint: disable=g-import-not-at-top
+    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    tensorflow_exports.on_tensorflow(
+        'saved_model', model.get_weights(), dict(
+            metadata, policy=keras.mixed_precision.global_policy().name),
+        path)
+
   def write_tflite(self, weights, metadata, path, kind):
-    from pipeline.backends import litert  # pylint: disable=g-import-not-at-top
-    litert.convert_to_tflite_on_tensorflow(weights, metadata, path, kind)
+    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    tensorflow_exports.on_tensorflow('tflite', weights, metadata, path, kind)
 
   def peak_device_memory(self, hardware):
     if hardware.device_kind == 'CPU':

@@ -241,7 +241,8 @@ def resolve(request):
   if kind == 'CPU' and not request.allow_cpu:
     cause = ('its CUDA plugin found no usable GPU (the driver, or CUDA '
              'libraries that do not match it)'
-             if backends.installed('jax-cuda12-plugin') else
+             if any(backends.installed(f'jax-cuda{cuda}-plugin')
+                    for cuda in (12, 13)) else
              'no CUDA plugin is installed (this jaxlib runs on CPUs and TPUs)')
     hardware_lib.check_no_unusable_gpus(
         f'JAX {jax.__version__}', cause,

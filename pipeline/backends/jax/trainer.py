@@ -156,10 +156,11 @@ class Trainer:
         sums = self.eval_program(trainable, non_trainable, *batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals,
                                                           sums)
-      (loss, correct, correct_top_k, examples), confusion = on_host(totals)
+      sums, confusion = on_host(totals)
+    loss, correct, correct_top_k, examples = (float(x) for x in sums)
     return {'loss': loss / examples, 'accuracy': correct / examples,
-            'top5_accuracy': correct_top_k / examples,
-            'examples': float(examples), 'confusion': np.asarray(confusion)}
+            'top5_accuracy': correct_top_k / examples, 'examples': examples,
+            'confusion': np.asarray(confusion, np.float64)}
 
   def write_back(self):
     """Writes the JAX state into the Keras variables (model, optimizer,

@@ -89,9 +89,14 @@ class TensorFlowBackend:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf.profiler.experimental.start, tf.profiler.experimental.stop
 
+  def write_saved_model(self, model, metadata, path, io_device=None):
+    del metadata  # The model is here.
+    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    tensorflow_exports.write_saved_model(model, path, io_device)
+
   def write_tflite(self, weights, metadata, path, kind):
-    from pipeline.backends import litert  # pylint: disable=g-import-not-at-top
-    litert.convert_to_tflite(weights, metadata, path, kind)
+    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    tensorflow_exports.write_tflite(weights, metadata, path, kind)
 
   def peak_device_memory(self, hardware):
     if hardware.device_kind not in ('GPU', 'TPU'):
