@@ -9,6 +9,21 @@ layer, `backbone(model)`: what fine-tuning loads and freezes.
 """
 
 import keras
+# Private, as no public API builds an EfficientNet of other width and depth
+# coefficients than B0-B7's.
+from keras.src.applications import efficientnet
+
+
+def efficientnet_tiny(weights=None, **kwargs):
+  """B0's blocks at a quarter of its width and a tenth of its depth (one
+  block a stage; 131 k parameters against 4 M): the same code, compiled
+  in half the time and trained 4x faster. For a first check of a setup,
+  and the tests where the network is not what is tested. No published
+  weights."""
+  if weights:
+    raise ValueError('efficientnet_tiny has no published ImageNet weights')
+  return efficientnet.EfficientNet(0.25, 0.1, 224, name='efficientnet_tiny',
+                                   weights=None, **kwargs)
 
 
 MODELS = {
@@ -17,6 +32,7 @@ MODELS = {
     **{f'efficientnetv2_{size}': getattr(keras.applications,
                                          f'EfficientNetV2{size.upper()}')
        for size in ('b0', 'b1', 'b2', 'b3', 's', 'm', 'l')},
+    'efficientnet_tiny': efficientnet_tiny,
 }
 # The stochastic depth keras.applications builds every EfficientNet with:
 # block i of n drops its residual branch with probability 0.2 * i / n.
