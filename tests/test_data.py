@@ -302,6 +302,45 @@ def test_file_cache_is_written_and_reused(tfrecord_dir, tmp_path):
   assert skipped == 2  # Decoded once, so counted once.
 
 
+@pytest.fixture(scope='module')
+def bad_last_dir(tmp_path_factory):
+  """4 train files of 6 records, the last of each undecodable: the records
+  that end each file, and (the files read in turn) the stream."""
+  root = tmp_path_factory.mktemp('bad_last')
+  for shard in range(4):
+    records = [tfrecords.serialize(_encode(_image(i), 'PNG'), i + 1)
+               for i in range(5)]
+    records.append(tfrecords.serialize(b'not an image', 1))
+    tfrecords.write(str(root / f'train-{shard:05d}-of-00004'), records)
+  tfrecords.write(str(root / 'eval-00000-of-00001'), [
+      tfrecords.serialize(_encode(_image(0), 'PNG'), 1)])
+  return root
+
+
+@pytest.mark.parametrize('cache, passes, counted', [
+    ('memory', 3, 4),  # The default: decoded once, so counted once.
+    ('', 3, 8),  # Decoded each pass: two passes' end before the third.
+])
+def test_a_bad_last_record_of_every_file_is_counted(bad_last_dir, cache,
+                                                    passes, counted, capfd):
+  """The default config's decoded cache counted none of these (its first
+  pass ends on them, and a count rode on the next good record); every one
+  is counted now, and each file named once."""
+  config = _tfrecord_config(bad_last_dir, cache=cache, shuffle_buffer=1,
+                            deterministic_input=True)
+  source = sources.load_source(config)
+  dataset = inputs.train_input_fn(config, source, 4)(_context())
+  skipped = sum(int(tf.reduce_sum(s)) for _, _, s in
+                dataset.take(passes * 20 // 4))
+  assert skipped == counted
+  named = [line for line in capfd.readouterr().err.splitlines()
+           if line.startswith(decode.SKIPPED_LINE)]
+  files = ', '.join(str(bad_last_dir / f'train-{shard:05d}-of-00004')
+                    for shard in range(4))
+  assert sorted(', '.join(named).replace(decode.SKIPPED_LINE, '').split(
+      ', ')) == files.split(', ')
+
+
 def _files_in_turn(root, **overrides):
   """A config that reads the 3 train files in turn, unshuffled: both bad
   records sit mid-file, so each pass counts them before its last good one

@@ -55,6 +55,10 @@ def test_no_default_outside_configs_default():
     (dict(model='efficientnet_b9'), "unknown model 'efficientnet_b9'; "
      'accepted: efficientnet_b0'),
     (dict(image_size=16), 'image_size=16 is too small'),
+    (dict(cache='cachefile'), re.escape(
+        "cache='cachefile' is neither 'memory', '' or none (off), nor a "
+        'path: a file cache is a path prefix, e.g. ./cachefile or '
+        '/tmp/cache/cachefile')),
     (dict(optimizer='adam'), "unknown optimizer 'adam'; accepted: adamw, sgd, "
      'rmsprop'),
     (dict(lr_schedule='linear'), "unknown lr_schedule 'linear'; accepted: "
@@ -81,6 +85,20 @@ def test_no_default_outside_configs_default():
 def test_a_bad_value_is_one_line_naming_it(fields, message):
   with pytest.raises(UserError, match=message):
     _checked(**fields)
+
+
+@pytest.mark.parametrize('typed', ['none', 'off', 'None', 'OFF'])
+def test_the_words_for_no_cache_turn_it_off(typed, tmp_path, monkeypatch):
+  """--config.cache=none once wrote a file cache named none-train-0.* into
+  the current folder, where --config.augment=none means off."""
+  monkeypatch.chdir(tmp_path)
+  config = default.get_config()
+  config.cache = typed
+  validation.validate(config, num_replicas=2, model_names=models.MODELS)
+  assert config.cache == ''
+  from pipeline.data import cache  # pylint: disable=g-import-not-at-top
+  assert cache.choose(config, None) == ('none', "cache=''")
+  assert os.listdir(tmp_path) == []
 
 
 def test_a_config_that_omits_keys_gets_the_defaults():

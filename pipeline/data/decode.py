@@ -178,45 +178,74 @@ NAMES_KEPT = 1024
 def decoded_records(records, parse, decode, image_shape, num_classes):
   """Parses and decodes records, skipping those that fail: elements
   (image, int32 label, skipped), `skipped` the records dropped just before
-  this one, whose origins are printed.
+  this one (or, for the stream's last, also just after it), whose origins
+  are printed.
 
   `decode(encoded)` -> uint8 image of `image_shape`. Records are numbered
   before decoding; after ignore_errors() the gaps in the numbering are the
   skipped records (an ordered map keeps the numbers in order: no measurable
-  cost, BUILD_NOTES.md). Every source's record ends with its origin. Labels
-  are checked after the skipping, so a bad label stops the run rather than
-  pass for a bad record.
+  cost, BUILD_NOTES.md). A marker after the last record closes the last
+  gap, which no record follows: the examples come out one behind, and the
+  last takes that gap too (a finite stream's end, where a cache is filled,
+  is where a file's bad last records fall). Every source's record ends
+  with its origin. Labels are checked after the skipping, so a bad label
+  stops the run rather than pass for a bad record.
   """
-  def remember(recent, element):
+  def remember(state, element):
+    last, recent = state
     index, record = element
+    end = index < 0  # The marker: numbered after the last record.
+    index = tf.where(end, last + 1, index)
     recent = tf.concat([recent[1:], [record[-1]]], 0)
-    return recent, (index, record, recent)
+    return (index, recent), (index, end, record, recent)
 
-  def decode_record(index, record, recent):
-    encoded, label, origin = parse(*record)
-    return (index, tf.ensure_shape(decode(encoded), image_shape),
-            tf.cast(label, tf.int64), origin, recent)
+  def decode_record(index, end, record, recent):
+    def real():
+      encoded, label, origin = parse(*record)
+      return (tf.ensure_shape(decode(encoded), image_shape),
+              tf.cast(label, tf.int64), origin)
+    def marker():
+      return (tf.zeros([1 if d is None else d for d in image_shape],
+                       tf.uint8), tf.constant(0, tf.int64), tf.constant(''))
+    return (index, end, *tf.cond(end, marker, real), recent)
 
-  dataset = records.enumerate().scan(
-      tf.fill([NAMED_PER_GAP + 1], ''), remember).map(
-          decode_record, num_parallel_calls=DECODES_IN_FLIGHT,
-          deterministic=True).ignore_errors()
+  dataset = records.enumerate().concatenate(_end_marker(records)).scan(
+      (tf.constant(-1, tf.int64), tf.fill([NAMED_PER_GAP + 1], '')),
+      remember).map(decode_record, num_parallel_calls=DECODES_IN_FLIGHT,
+                    deterministic=True).ignore_errors()
 
   def count_gap(state, element):
-    last, named = state
-    index, image, label, origin, recent = element
-    in_range = (label >= 0) & (label < num_classes)
+    last, named, held, gap_before = state
+    index, end, image, label, origin, recent = element
+    in_range = end | ((label >= 0) & (label < num_classes))
     check = tf.debugging.Assert(in_range, [LABEL_ERROR, label, origin],
                                 summarize=1)
     gap = index - last - 1
     named = tf.cond(gap > 0, lambda: _name_skipped(gap, recent, named),
                     lambda: named)
+    # The example before this one goes out now, with the marker's gap too.
+    out = (last >= 0, held[0], tf.cast(held[1], tf.int32), tf.cast(
+        gap_before + tf.where(end, gap, tf.zeros_like(gap)), tf.int32))
     with tf.control_dependencies([check]):
-      return (index, named), (image, tf.cast(label, tf.int32),
-                              tf.cast(gap, tf.int32))
+      return (index, named, (image, label), gap), out
 
-  return dataset.scan((tf.constant(-1, tf.int64), tf.zeros([0], tf.string)),
-                      count_gap)
+  empty = (tf.zeros([1 if d is None else d for d in image_shape], tf.uint8),
+           tf.constant(0, tf.int64))
+  return dataset.scan(
+      (tf.constant(-1, tf.int64), tf.zeros([0], tf.string), empty,
+       tf.constant(0, tf.int64)), count_gap).filter(
+           lambda held, image, label, skipped: held).map(
+               lambda held, image, label, skipped: (image, label, skipped))
+
+
+def _end_marker(records):
+  """One element shaped as records.enumerate()'s, numbered -1: zeros, empty
+  strings."""
+  def zeros(spec):
+    return tf.zeros([d or 0 for d in spec.shape], spec.dtype)
+  return tf.data.Dataset.from_tensors(
+      (tf.constant(-1, tf.int64),
+       tf.nest.map_structure(zeros, records.element_spec)))
 
 
 def _name_skipped(gap, recent, named):

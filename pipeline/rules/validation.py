@@ -61,7 +61,8 @@ def profile_window(text):
 
 
 def validate(config, num_replicas, model_names):
-  """Raises a one-line UserError for the first field that cannot run.
+  """Raises a one-line UserError for the first field that cannot run; the
+  words for off in `cache` ('none', 'off') become ''.
 
   `model_names`: the models pipeline/recipe/models.py builds (passed in, so this
   module stays importable without Keras).
@@ -133,7 +134,26 @@ def _check_recipe(config, model_names):
                     f'the {config.epochs} to train the whole model; use fewer')
 
 
+# What users type for "no cache", as --config.augment=none means off.
+CACHE_OFF = ('none', 'off', 'no', 'false')
+
+
+def _check_cache(config):
+  """'memory', '' (off) or a file prefix that is plainly a path; the words
+  for off become ''. A bare word would have been a file cache named after
+  it, written into the current folder ('none-train-0.*')."""
+  value = config.cache
+  if value.lower() in CACHE_OFF:
+    config.cache = ''
+  elif value not in ('', 'memory') and not (
+      '/' in value or value.startswith(('~', '.'))):
+    raise UserError(f"cache={value!r} is neither 'memory', '' or none (off), "
+                    'nor a path: a file cache is a path prefix, e.g. '
+                    f'./{value} or /tmp/cache/{value}')
+
+
 def _check_input(config):
+  _check_cache(config)
   _one_of(config, 'augment', AUGMENTATIONS)
   if config.dataset == 'image_folder' and not 0 < config.eval_fraction < 1:
     raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1): '
