@@ -3,7 +3,10 @@
   python -m launch.pod --tpu=my-v5e-32 --zone=us-west4-a -- \\
       --workdir=gs://BUCKET/run --config=configs/imagenet.py
 
-Run from a laptop or Cloud Shell with gcloud signed in. The arguments after
+Run with gcloud signed in, where the session can stay connected (tmux, or
+a small VM): a dropped connection is followed again, and where it cannot
+be the trainers go on and the launcher says how to follow them. The
+arguments after
 `--` go to `python -m launch.train` on each worker, started in --repo_dir
 (a checkout with the TPU requirements installed on every worker). Earlier
 runs still holding a worker's TPU are ended first; worker 0's lines are
@@ -39,6 +42,9 @@ _LOGS = flags.DEFINE_string(
     'worker_logs', '', 'Where each worker\'s log is written (default: '
     'pod_logs/TPU-TIME).')
 
+_RECONNECT_WAIT_S = flags.DEFINE_float(
+    'reconnect_wait_s', 10, 'After a dropped connection to a worker (ssh '
+    'exit 255), how long to wait before following its trainer again.')
 _STOP_WAIT_S = flags.DEFINE_float(
     'stop_wait_s', 300, 'Once a worker fails, how long the others get to '
     'commit a checkpoint after SIGTERM before SIGKILL.')
@@ -52,7 +58,7 @@ def main(argv):
     status = pod_slice.run(
         pod_slice.Slice(_TPU.value, _ZONE.value, _PROJECT.value),
         _REPO_DIR.value, _PYTHON.value, train_args, log_dir,
-        _STOP_WAIT_S.value)
+        _STOP_WAIT_S.value, reconnect_wait_s=_RECONNECT_WAIT_S.value)
   except UserError as e:
     sys.exit(f'error: {e}')
   sys.exit(status)

@@ -35,24 +35,34 @@ if args[3] == 'describe':
 options = dict(a[2:].split('=', 1) for a in args if a.startswith('--'))
 if options['worker'] != 'all':
   worker = int(options['worker'])
-  os.execvpe('bash', ['bash', '-c', options['command']],
-             dict(os.environ, **workers[worker]))
+  env = dict(os.environ, **workers[worker])
+  if os.environ.get('GCLOUD_STAND_IN_DROPS') == str(worker):
+    # The connection drops at once; what it started on the worker goes on.
+    subprocess.Popen(['bash', '-c', options['command']], env=env,
+                     stdout=subprocess.DEVNULL, start_new_session=True)
+    sys.exit(255)
+  os.execvpe('bash', ['bash', '-c', options['command']], env)
 sys.exit(max(subprocess.run(['bash', '-c', options['command']],
                             env=dict(os.environ, **env)).returncode
              for env in workers))
 '''
 
 
-def _launch(tmp_path, workers, train_args, *flags, name='slice'):
-  """`python -m launch.pod` with the stand-in first on PATH."""
+def _launch(tmp_path, workers, train_args, *flags, name='slice', drops=''):
+  """`python -m launch.pod` with the stand-in first on PATH; each worker
+  its own home (its own ~/.launch-pod); `drops`: the worker whose every
+  connection drops."""
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir(exist_ok=True)
   (bin_dir / 'gcloud').write_text(STAND_IN)
   (bin_dir / 'gcloud').chmod(0o755)
+  for index, worker in enumerate(workers):
+    worker['HOME'] = str(tmp_path / f'home-{index}')
   (tmp_path / 'workers.json').write_text(json.dumps(workers))
   env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
              GCLOUD_STAND_IN_WORKERS=str(tmp_path / 'workers.json'),
-             GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'))
+             GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'),
+             GCLOUD_STAND_IN_DROPS=drops)
   return subprocess.run(
       [sys.executable, '-m', 'launch.pod', f'--tpu={name}', '--zone=z',
        f'--repo_dir={REPO}', f'--python={sys.executable}',
@@ -93,6 +103,12 @@ def test_every_worker_runs_the_same_command_after_earlier_runs_end(
   assert calls[0][3] == 'describe' and '--worker=all' in calls[1]
   assert sorted(call[6] for call in calls[2:]) == ['--worker=0',
                                                    '--worker=1']
+  # Each trainer wrote its log and status on its worker, apart from ssh.
+  for worker in range(2):
+    runs = tmp_path / f'home-{worker}' / '.launch-pod'
+    assert (runs / f'{name}.status').read_text().strip() == '0'
+    assert 'dry run: everything checks out' in (
+        runs / f'{name}.log').read_text()
 
 
 def test_a_worker_that_fails_is_named_and_the_others_stop(tmp_path,
@@ -115,3 +131,34 @@ def test_a_worker_that_fails_is_named_and_the_others_stop(tmp_path,
       ['pgrep', '-af', 'launch.train'], capture_output=True,
       text=True).stdout.splitlines() if str(tmp_path) in line]
   assert time.monotonic() - began < 120
+
+
+def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
+                                                          tfds_dir):
+  """ssh's exit status 255 (a laptop asleep) is no failed trainer: the
+  launcher follows again, and where every try drops it says the trainers
+  still run and how to follow them, and ends none."""
+  name = f'slice-{uuid.uuid4().hex[:8]}'
+  ports = [free_port(), free_port()]
+  try:
+    result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
+                                for i in range(2)],
+                     tiny_args(str(tmp_path / 'run'), tfds_dir,
+                               '--config.epochs=40'),
+                     '--reconnect_wait_s=0.5', name=name, drops='1')
+    assert result.returncode == 255, result.stdout[-3000:] + result.stderr
+    assert ('worker 1: the connection dropped (ssh exit 255); following its '
+            'trainer again in 0.5 s (1 of 3)') in result.stdout
+    assert ('error: lost the connection to worker 1 (ssh exit 255, 3 times); '
+            'the trainers still run on every worker') in result.stdout
+    assert f'--worker=0 \'--command=tail -f ~/.launch-pod/{name}.log\'' in (
+        result.stdout)
+    assert 'stopping every worker' not in result.stdout
+    trainers = subprocess.run(
+        ['pgrep', '-f', f'^[^ ]*python[^ ]* -m launch.train .*{tmp_path}'],
+        capture_output=True, text=True).stdout.split()
+    assert len(trainers) == 2, result.stdout[-3000:]
+  finally:
+    subprocess.run(['pkill', '-9', '-f', f'launch.train .*{tmp_path}'],
+                   check=False)
+    # The followers end once their trainers' statuses are written.

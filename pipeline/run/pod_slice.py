@@ -8,6 +8,13 @@ writes its own log, worker 0's lines are shown as they come, and a worker
 that fails is named and the others are stopped (SIGTERM: each commits a
 checkpoint, as a preemption does).
 
+Each trainer runs detached from its ssh session, writing its log and then
+its exit status into ~/.launch-pod/ on its worker, while the session
+follows the log: a dropped connection (ssh's exit status 255: a laptop
+asleep, Cloud Shell reconnecting) is no failed trainer. The launcher
+follows again from where it was; where it cannot reconnect it says the
+trainers still run and how to follow them, and stops nothing.
+
 The workers join each other themselves (pipeline/rules/cluster.py): JAX
 reads the slice's hosts from the TPU VM's metadata.
 
@@ -98,21 +105,63 @@ def workers(pod):
   return count
 
 
+# ssh's own exit status for a connection that failed or dropped.
+SSH_LOST = 255
+# Where a worker's trainer writes its log and, when it ends, its status.
+RUNS = '~/.launch-pod'
+
+
+def _files(name):
+  base = f'{RUNS}/{shlex.quote(name)}'
+  return f'{base}.log', f'{base}.status'
+
+
 def train_command(name, repo_dir, python, train_args):
   """What each worker runs: the same launch.train, from the checkout (a
-  leading ~/ is the worker's home), marked as the slice `name`'s."""
+  leading ~/ is the worker's home), marked as the slice `name`'s, in a
+  session of its own (a dropped ssh leaves it running) that writes its
+  exit status when it ends; then the log is followed until it does."""
   home, _, rest = repo_dir.partition('~/')
   folder = f'~/{shlex.quote(rest)}' if not home and rest else shlex.quote(
       repo_dir)
-  return (f'cd {folder} && {MARK}={shlex.quote(name)} exec {python} -m '
-          f'launch.train {shlex.join(train_args)}')
+  log, status = _files(name)
+  trainer = (f'{MARK}={shlex.quote(name)} {python} -m launch.train '
+             f'{shlex.join(train_args)} > {log} 2>&1; echo $? > {status}')
+  return (f'mkdir -p {RUNS} && rm -f {log} {status} && cd {folder} && '
+          f'setsid nohup bash -c {shlex.quote(trainer)} > /dev/null 2>&1 & '
+          + follow_command(name))
+
+
+def follow_command(name, skip_bytes=0):
+  """Follows a worker's trainer log from byte `skip_bytes` until its
+  status is written, then exits with that status."""
+  log, status = _files(name)
+  return (f'while [ ! -e {log} ]; do sleep 0.2; done; '
+          f'tail -c +{skip_bytes + 1} -f {log} & '
+          f'while [ ! -e {status} ]; do sleep 1; done; sleep 1; kill $!; '
+          f'exit $(cat {status})')
+
+
+@dataclasses.dataclass
+class _Worker:
+  """One worker's trainer as the launcher follows it."""
+  index: int
+  log_path: str
+  process: subprocess.Popen = None
+  received: int = 0  # Bytes of its log shown so far.
+  reconnects: int = 0
+
+
+# Times a dropped connection to a worker is followed again.
+RECONNECTS = 3
 
 
 def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
-        out=sys.stdout):
+        out=sys.stdout, reconnect_wait_s=10):
   """Trains on every worker of `pod`; returns the exit status: 0 when every
-  worker finished, else the first failure's (a UserError for gcloud's).
-  Workers stopped after a failure get `stop_wait_s` to commit."""
+  worker finished, else the first failure's (a UserError for gcloud's), or
+  SSH_LOST where a worker could not be followed again (its trainers still
+  run). Workers stopped after a failure get `stop_wait_s` to commit."""
   count = workers(pod)
   os.makedirs(log_dir, exist_ok=True)
   print(f'TPU {pod.name}: {count} workers; ending earlier runs on each, '
@@ -121,56 +170,80 @@ def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
   _gcloud(pod.ssh('all', end_stale(pod.name)),
           'end earlier runs on the workers')
   command = train_command(pod.name, repo_dir, python, train_args)
-  running = [_start(pod, worker, command, log_dir, out)
+  running = [_Worker(worker, os.path.join(log_dir, f'worker-{worker}.log'))
              for worker in range(count)]
+  for worker in running:
+    _follow(pod, worker, command, out)
   with stopping.armed():
-    status = _watch(running, out)
+    status = _watch(pod, running, out, reconnect_wait_s)
     if status is None:  # Ctrl-C or SIGTERM here: stop every worker.
       status = 128 + int(stopping.requested())
-    if any(process.poll() is None for process, _ in running):
+    if status != SSH_LOST and any(worker.process.poll() is None
+                                  for worker in running):
       _stop_all(pod, running, out, stop_wait_s)
   return status
 
 
-def _start(pod, worker, command, log_dir, out):
-  """Starts `command` on `worker`, its output in worker-N.log (worker 0's
-  also shown)."""
-  log_path = os.path.join(log_dir, f'worker-{worker}.log')
-  process = subprocess.Popen(pod.ssh(worker, command), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-  threading.Thread(target=_copy, args=(process.stdout, log_path,
-                                       out if worker == 0 else None),
-                   daemon=True).start()
-  return process, log_path
+def _follow(pod, worker, command, out):
+  """Runs `command` on `worker` over ssh, its output appended to the
+  worker's log (worker 0's also shown)."""
+  worker.process = subprocess.Popen(
+      pod.ssh(worker.index, command), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, start_new_session=True)
+  threading.Thread(target=_copy, args=(worker, out if worker.index == 0
+                                       else None), daemon=True).start()
 
 
-def _copy(lines, log_path, out):
-  with open(log_path, 'a', encoding='utf-8') as log:
-    for line in lines:
+def _copy(worker, out):
+  with open(worker.log_path, 'ab') as log:
+    for line in worker.process.stdout:
       log.write(line)
       log.flush()
+      worker.received += len(line)
       if out:
-        out.write(line)
+        out.write(line.decode('utf-8', 'replace'))
         out.flush()
 
 
-def _watch(running, out):
+def _watch(pod, running, out, reconnect_wait_s):
   """Waits for every worker; the exit status of the first that fails, 0
-  when all finish, None when this process is asked to stop."""
+  when all finish, SSH_LOST where one cannot be followed again, None when
+  this process is asked to stop."""
   while stopping.requested() is None:
-    for worker, (process, log_path) in enumerate(running):
-      code = process.poll()
-      if code:
-        print(f'error: worker {worker} exited with status {code} '
-              f'({_last_line(log_path)}); stopping the others; its log: '
-              f'{log_path}', file=out, flush=True)
+    for worker in running:
+      code = worker.process.poll()
+      if code == SSH_LOST:
+        if worker.reconnects == RECONNECTS:
+          _lost(pod, worker, out)
+          return SSH_LOST
+        worker.reconnects += 1
+        print(f'worker {worker.index}: the connection dropped (ssh exit '
+              f'{SSH_LOST}); following its trainer again in '
+              f'{reconnect_wait_s:g} s ({worker.reconnects} of '
+              f'{RECONNECTS})', file=out, flush=True)
+        time.sleep(reconnect_wait_s)
+        _follow(pod, worker, follow_command(pod.name, worker.received), out)
+      elif code:
+        print(f'error: worker {worker.index} exited with status {code} '
+              f'({_last_line(worker.log_path)}); stopping the others; its '
+              f'log: {worker.log_path}', file=out, flush=True)
         return code
-    if all(process.poll() == 0 for process, _ in running):
+    if all(worker.process.poll() == 0 for worker in running):
       print(f'all {len(running)} workers finished', file=out, flush=True)
       return 0
     time.sleep(1)
   return None
+
+
+def _lost(pod, worker, out):
+  log, _ = _files(pod.name)
+  follow = shlex.join(pod.ssh(0, f'tail -f {log}'))
+  print(f'error: lost the connection to worker {worker.index} (ssh exit '
+        f'{SSH_LOST}, {RECONNECTS} times); the trainers still run on every '
+        f'worker and commit their checkpoints as usual. Follow worker 0 '
+        f'with: {follow} (each worker logs to {log}); running this command '
+        'again ends them and resumes from the last checkpoint. Run launch.pod '
+        'where it can stay connected: tmux, or a VM', file=out, flush=True)
 
 
 def _last_line(path):
@@ -189,15 +262,18 @@ def _stop_all(pod, running, out, wait_s):
         f'{wait_s:g} s)', file=out, flush=True)
   _signal_trainers(pod, 'TERM')
   deadline = time.monotonic() + wait_s
-  for worker, (process, _) in enumerate(running):
+  for worker in running:
     try:
-      process.wait(timeout=max(0.1, deadline - time.monotonic()))
+      worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-      print(f'worker {worker} did not stop within {wait_s:g} s: ending it '
-            '(SIGKILL)', file=out, flush=True)
+      print(f'worker {worker.index} did not stop within {wait_s:g} s: '
+            'ending it (SIGKILL)', file=out, flush=True)
       _signal_trainers(pod, 'KILL')
-      os.killpg(process.pid, signal.SIGKILL)
-      process.wait()
+      try:  # Its follower ends once the trainer's status is written.
+        worker.process.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        os.killpg(worker.process.pid, signal.SIGKILL)
+        worker.process.wait()
 
 
 def _signal_trainers(pod, signal_name):
