@@ -4,10 +4,15 @@ Kubernetes and Open MPI included, which cannot run on this machine. The
 engines that can run here start real processes in tests/test_slurm.py and
 tests/test_jax_backend.py."""
 
+import os
+import re
+import shutil
+
 import pytest
 
 from pipeline.errors import UserError
 from pipeline.rules import cluster as cluster_lib
+from pipeline.rules import placement
 
 # What `srun -N 2 -n 4` sets in its last task (Slurm 22.05, block layout).
 SLURM = {'SLURM_JOB_ID': '4101', 'SLURM_STEP_NODELIST': 'gpu[07-08]',
@@ -15,17 +20,40 @@ SLURM = {'SLURM_JOB_ID': '4101', 'SLURM_STEP_NODELIST': 'gpu[07-08]',
          'SLURM_NODEID': '1', 'SLURM_STEP_TASKS_PER_NODE': '2(x2)'}
 
 
+_SCONTROL = pytest.mark.skipif(
+    not shutil.which('scontrol') and
+    os.environ.get('PIPELINE_REQUIRE_SLURM') != '1',
+    reason="Slurm's scontrol expands node lists: apt-get install slurm-client")
+
+
+@pytest.fixture
+def slurm_conf(tmp_path, monkeypatch):
+  """What scontrol reads before it expands a node list: inside an
+  allocation the cluster's slurm.conf, here a minimal one."""
+  conf = tmp_path / 'slurm.conf'
+  conf.write_text('ClusterName=t\nSlurmctldHost=localhost\n'
+                  'NodeName=localhost CPUs=1\nPartitionName=p Nodes=ALL\n')
+  monkeypatch.setenv('SLURM_CONF', str(conf))
+
+
+def needs_slurm(test):
+  return _SCONTROL(pytest.mark.usefixtures('slurm_conf')(test))
+
+
 def test_slurm_step():
   found = cluster_lib.from_environment(SLURM)
   assert (found.engine, found.num_processes, found.process_id) == (
       'Slurm', 4, 3)
-  # JAX's own port rule: job id % 4096 above the ephemeral range.
-  assert found.coordinator == 'gpu07:61445'
-  assert found.hosts == ('gpu07', 'gpu07', 'gpu08', 'gpu08')
+  assert found.jax_detects == 'slurm'  # JAX reads Slurm's variables itself.
   assert (found.local_rank, found.local_size) == (1, 2)
   assert found.joined_by() == 'Slurm (job 4101)'
-  workers = found.tensorflow_workers()
-  assert workers[0].split(':')[0] == 'gpu07' and len(set(workers)) == 4
+
+
+@needs_slurm
+def test_slurm_workers_for_tensorflow():
+  workers = cluster_lib.from_environment(SLURM).tensorflow_workers()
+  assert [w.split(':')[0] for w in workers] == ['gpu07', 'gpu07', 'gpu08',
+                                                'gpu08']
   # Two workers on one host, on neighbouring ports of this job's range.
   ports = [int(w.split(':')[1]) for w in workers]
   assert ports[1] == ports[0] + 1 and ports[2:] == ports[:2]
@@ -33,23 +61,53 @@ def test_slurm_step():
   assert not set(other_job.tensorflow_workers()) & set(workers)
 
 
-def test_slurm_without_a_step_or_alone_is_no_cluster():
+@needs_slurm
+@pytest.mark.parametrize('layout, per_node, hosts', [
+    ('block', '2(x2)', ['n07', 'n07', 'n08', 'n08']),
+    ('cyclic', '2(x2)', ['n07', 'n08', 'n07', 'n08']),
+    ('cyclic:block', '3,1', ['n07', 'n08', 'n07', 'n07']),
+])
+def test_tensorflow_workers_follow_slurms_layout(layout, per_node, hosts):
+  """Each task's host as `srun -m LAYOUT` placed it, checked against the
+  node it runs on (SLURMD_NODENAME)."""
+  environ = dict(SLURM, SLURM_STEP_NODELIST='n[07-08]',
+                 SLURM_STEP_TASKS_PER_NODE=per_node,
+                 SLURM_DISTRIBUTION=layout, SLURMD_NODENAME=hosts[3])
+  workers = cluster_lib.from_environment(environ).tensorflow_workers()
+  assert [w.split(':')[0] for w in workers] == hosts
+
+
+@needs_slurm
+@pytest.mark.parametrize('environ, message', [
+    ({'SLURM_DISTRIBUTION': 'plane=2'},
+     'Slurm placed the tasks by SLURM_DISTRIBUTION=plane=2, which '
+     "TensorFlow's workers cannot follow: srun -m block or -m cyclic"),
+    ({'SLURM_HOSTFILE': '/tmp/hosts'},
+     'Slurm placed the tasks by a host file (SLURM_HOSTFILE)'),
+    ({'SLURMD_NODENAME': 'gpu07'},
+     'Slurm placed process 3 on gpu07, where its layout puts it on gpu08'),
+])
+def test_a_layout_tensorflow_cannot_follow_is_one_line(environ, message):
+  with pytest.raises(UserError, match=re.escape(message)):
+    cluster_lib.from_environment(dict(SLURM, **environ)).tensorflow_workers()
+
+
+def test_a_lone_task_is_a_cluster_of_one_and_a_batch_shell_none():
+  """A single task of a step joins nobody (the JAX backend starts no
+  coordinator for it); `sbatch`'s own shell is no step."""
   batch_shell = {k: v for k, v in SLURM.items() if k != 'SLURM_STEP_NODELIST'}
   assert cluster_lib.from_environment(batch_shell) is None
-  alone = dict(SLURM, SLURM_NTASKS='1', SLURM_PROCID='0',
+  alone = dict(SLURM, SLURM_NTASKS='1', SLURM_PROCID='0', SLURM_LOCALID='0',
                SLURM_STEP_TASKS_PER_NODE='1', SLURM_STEP_NODELIST='gpu07')
-  assert cluster_lib.from_environment(alone) is None
+  assert cluster_lib.from_environment(alone).num_processes == 1
   assert cluster_lib.from_environment({}) is None
 
 
-@pytest.mark.parametrize('text, names', [
-    ('vm', ['vm']),
-    ('gpu[01-03,07],login', ['gpu01', 'gpu02', 'gpu03', 'gpu07', 'login']),
-    ('a[9-11]-ib', ['a9-ib', 'a10-ib', 'a11-ib']),
-    ('n[008-010]', ['n008', 'n009', 'n010']),
-])
-def test_slurm_host_lists(text, names):
-  assert cluster_lib.expand_hostlist(text) == names
+@needs_slurm
+def test_slurm_expands_its_own_node_lists():
+  assert cluster_lib.hostnames('gpu[01-03,07],login') == [
+      'gpu01', 'gpu02', 'gpu03', 'gpu07', 'login']
+  assert cluster_lib.hostnames('n[008-010]') == ['n008', 'n009', 'n010']
 
 
 def test_slurm_tasks_per_node():
@@ -69,24 +127,45 @@ def test_slurm_tasks_per_node():
     # A JobSet or indexed Job whose manifest names the coordinator.
     ({'JAX_COORDINATOR_ADDRESS': 'js-w-0-0.js', 'JAX_NUM_PROCESSES': '2',
       'JOB_COMPLETION_INDEX': '1'},
-     'a Kubernetes indexed Job (JOB_COMPLETION_INDEX)', 2, 1, 'js-w-0-0.js:8482'),
+     'a Kubernetes Job (JOB_COMPLETION_INDEX)', 2, 1, 'js-w-0-0.js:8482'),
+    # Kubeflow Trainer's and JobSet's own names, CPU workloads included.
+    ({'JAX_COORDINATOR_ADDRESS': 'tj-node-0-0.tj', 'PROCESSES_IN_JOB': '3',
+      'JOB_INDEX': '2'}, 'a Kubernetes Job (JOB_INDEX)', 3, 2, 'tj-node-0-0.tj:8482'),
+    ({'JAX_COORDINATOR_ADDRESS': '10.0.0.2:1234', 'JAX_PROCESS_COUNT': '2',
+      'JAX_PROCESS_ID': '1'}, 'JAX_COORDINATOR_ADDRESS', 2, 1, '10.0.0.2:1234'),
     # GKE's TPU node pools, older and newer variables, and two slices.
     ({'TPU_WORKER_HOSTNAMES': 'h0,h1,h2,h3', 'TPU_WORKER_ID': '3'},
-     'GKE TPU', 4, 3, 'h0:8482'),
+     'GKE TPU', 4, 3, None),
     ({'TPU_PROCESS_ADDRESSES': '10.0.0.5:8471,10.0.0.6:8471',
       'TPU_WORKER_ID': '1', 'MEGASCALE_NUM_SLICES': '2',
       'MEGASCALE_SLICE_ID': '1', 'MEGASCALE_COORDINATOR_ADDRESS': '10.0.0.1'},
-     'GKE TPU', 4, 3, '10.0.0.1:8482'),
+     'GKE TPU', 4, 3, None),
     # mpirun: JAX finds the coordinator from the launcher's address.
     ({'OMPI_MCA_orte_hnp_uri': '1531576320.0;tcp://10.96.0.1:34911',
       'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '1',
       'OMPI_COMM_WORLD_LOCAL_RANK': '0', 'OMPI_COMM_WORLD_LOCAL_SIZE': '1'},
-     'Open MPI', 2, 1, None),
+     'Open MPI 4', 2, 1, None),
+    # Open MPI 5 (PRRTE): no launcher URI, the COMM_WORLD variables.
+    ({'OMPI_COMM_WORLD_SIZE': '4', 'OMPI_COMM_WORLD_RANK': '2',
+      'OMPI_COMM_WORLD_LOCAL_RANK': '0', 'PMIX_RANK': '2'},
+     'Open MPI 5', 4, 2, None),
 ])
 def test_every_engine(environ, engine, count, rank, coordinator):
   found = cluster_lib.from_environment(environ)
   assert (found.engine, found.num_processes, found.process_id,
           found.coordinator) == (engine, count, rank, coordinator)
+
+
+def test_mpirun_inside_a_slurm_allocation_is_open_mpi():
+  """`mpirun` in an sbatch script: its ranks carry the job's Slurm
+  variables (a step's, where mpirun started its daemons with srun) and
+  Open MPI's; Open MPI's are the ranks', as JAX reads them."""
+  found = cluster_lib.from_environment(dict(
+      SLURM, OMPI_MCA_orte_hnp_uri='1.0;tcp://10.0.0.1:1', OMPI_COMM_WORLD_SIZE='8',
+      OMPI_COMM_WORLD_RANK='5', OMPI_COMM_WORLD_LOCAL_RANK='1',
+      OMPI_COMM_WORLD_LOCAL_SIZE='4'))
+  assert (found.engine, found.num_processes, found.process_id,
+          found.jax_detects) == ('Open MPI 4', 8, 5, 'ompi')
 
 
 def test_what_a_user_sets_wins_over_the_engine():
@@ -116,14 +195,53 @@ def test_contradictions_in_one_line(environ, message):
 
 def test_gpu_share():
   alone = cluster_lib.Cluster('Slurm', 2, 0, local_size=1)
-  assert cluster_lib.gpu_share(alone, 8) == list(range(8))
-  assert cluster_lib.gpu_share(None, 4) == [0, 1, 2, 3]
-  assert cluster_lib.gpu_share(alone, 0) is None
+  assert placement.gpu_share(alone, 8) == list(range(8))
+  assert placement.gpu_share(None, 4) == [0, 1, 2, 3]
+  assert placement.gpu_share(alone, 0) is None
   # Two tasks on an 8-GPU host: four each, not JAX's one per local rank.
   second = cluster_lib.Cluster('Slurm', 4, 3, local_rank=1, local_size=2)
-  assert cluster_lib.gpu_share(second, 8) == [4, 5, 6, 7]
+  assert placement.gpu_share(second, 8) == [4, 5, 6, 7]
   # `srun --gpus-per-task=1`: Slurm shows each task its own GPU.
-  assert cluster_lib.gpu_share(second, 1) == [0]
-  with pytest.raises(UserError, match='cannot share its 6 GPUs equally'):
-    cluster_lib.gpu_share(
-        cluster_lib.Cluster('Slurm', 4, 0, local_size=4), 6)
+  assert placement.gpu_share(second, 1) == [0]
+
+
+@pytest.mark.parametrize('per_task, tasks, expected', [
+    ('2', '2(x2)', [0, 1]),  # 2 tasks x 2 GPUs: each its own two.
+    ('2', '4', [0, 1]),  # 4 tasks x 2 GPUs: the same, none refused.
+])
+def test_gpus_slurm_binds_to_a_task_are_all_its_own(per_task, tasks,
+                                                     expected):
+  found = cluster_lib.from_environment(dict(
+      SLURM, SLURM_GPUS_PER_TASK=per_task, SLURM_STEP_TASKS_PER_NODE=tasks))
+  assert found.gpus_bound
+  assert placement.gpu_share(found, 2) == expected
+
+
+def test_a_share_that_cannot_be_equal_names_the_variables():
+  found = cluster_lib.from_environment(dict(
+      SLURM, SLURM_STEP_TASKS_PER_NODE='4', SLURM_NODEID='0'))
+  with pytest.raises(UserError, match=re.escape(
+      '4 processes on this host (SLURM_STEP_TASKS_PER_NODE) cannot share its '
+      '6 GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3,4,5) equally: give each its own '
+      '(srun --gpus-per-task=N)')):
+    placement.gpu_share(found, 6, 'CUDA_VISIBLE_DEVICES=0,1,2,3,4,5')
+
+
+def test_a_host_name_on_loopback_is_one_line_where_hosts_must_connect():
+  """JAX's CPU collectives listen where the host's name resolves: on
+  Debian's 127.0.1.1 two hosts never connect (measured: a timeout, then a
+  traceback). Processes all on this host may use loopback."""
+  two_hosts = cluster_lib.from_environment(SLURM)
+  assert placement.unreachable_host_name(
+      two_hosts, 'gpu08', lambda name: '127.0.1.1') == (
+          "this host's name 'gpu08' resolves to 127.0.1.1, a loopback "
+          "address: JAX's CPU collectives (gloo) would listen there and the "
+          'other hosts of Slurm (job 4101) could not connect; map \'gpu08\' '
+          'to an address they reach in /etc/hosts (Debian maps a host\'s own '
+          'name to 127.0.1.1)')
+  assert placement.unreachable_host_name(
+      two_hosts, 'gpu08', lambda name: '10.0.0.8') is None
+  one_host = cluster_lib.from_environment(dict(
+      SLURM, SLURM_STEP_TASKS_PER_NODE='4', SLURM_NODEID='0'))
+  assert placement.unreachable_host_name(
+      one_host, 'gpu07', lambda name: '127.0.0.1') is None

@@ -423,19 +423,21 @@ def _engine_variables(port):
           'JAX_COORDINATOR_PORT': str(port + 1), 'NNODES': '2',
           'NODE_RANK': str(i)},
       # A JobSet's manifest: the rank is the indexed Job's completion index.
-      'a Kubernetes indexed Job (JOB_COMPLETION_INDEX)': lambda i: {
+      'a Kubernetes Job (JOB_COMPLETION_INDEX)': lambda i: {
           'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port + 2}',
           'JAX_NUM_PROCESSES': '2', 'JOB_COMPLETION_INDEX': str(i)},
-      # A GKE TPU node pool (its coordinator port is JAX's fixed 8482).
-      'GKE TPU': lambda i: {
-          'TPU_PROCESS_ADDRESSES': '127.0.0.1:8471,127.0.0.1:8471',
-          'TPU_WORKER_ID': str(i)},
+      # Kubeflow Trainer's names, which JAX does not read (CPU workloads).
+      'a Kubernetes Job (JOB_INDEX)': lambda i: {
+          'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port + 3}',
+          'PROCESSES_IN_JOB': '2', 'JOB_INDEX': str(i)},
   }
 
 
 def test_every_launchers_variables_join_two_processes(tmp_path, tfds_dir):
-  """The variables GKE, XPK, Kubeflow Trainer and an indexed Job inject,
-  set by the test: two dry runs per engine join on loopback and say how.
+  """The variables XPK, Kubeflow Trainer and an indexed Job inject (JAX
+  does not read them all), set by the test: two dry runs per engine join
+  on loopback and say how. (GKE's TPU variables JAX reads itself, where it
+  finds a TPU: tests/test_cluster.py reads them.)
   Then a host that never starts: the one that did stops in one line naming
   the engine and the timeout, within it."""
   started = []

@@ -98,6 +98,27 @@ def test_a_worker_that_never_starts_stops_the_other_in_one_line(tmp_path,
   assert not (tmp_path / 'run.json').exists()
 
 
+def test_a_worker_whose_port_is_taken_says_so_in_one_line(tmp_path,
+                                                          tfds_dir):
+  """A stale process holds the worker's port: TensorFlow's "Could not
+  start gRPC server" becomes one line naming the address, at once."""
+  import socket  # pylint: disable=g-import-not-at-top
+  ports = [free_port(), free_port()]
+  with socket.socket() as held:
+    held.bind(('127.0.0.1', ports[0]))
+    held.listen()
+    result = run_train(f'--workdir={tmp_path}', '--dry_run',
+                       f'--config.data_dir={tfds_dir}',
+                       '--collective_timeout_s=60',
+                       env={'TF_CONFIG': tf_config(ports, 0)}, timeout=300)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'error: this worker could not listen on 127.0.0.1:{ports[0]}, its '
+      'address in TF_CONFIG (the port is taken: a stale run, or another '
+      'worker on this network stack); end what holds it, or give the '
+      'workers other ports'), result.stderr[-2000:]
+
+
 def test_dry_run_resolves_and_stops_before_the_model(tmp_path, tfds_dir):
   workdir = tmp_path / 'dry'
   result = run_train(f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',

@@ -1,28 +1,27 @@
-"""Training under a real Slurm: one node, started by the fixture below.
+"""Training under a real Slurm of two nodes, started by the fixture below.
 
-Debian's slurmctld and slurmd (22.05; .ci/run installs them), run as root
-without munge (auth/none), with the node's 2 CPUs shared by the tasks of a
-job. Each test starts `python -m launch.train` through `srun` or the
-repository's batch script, as a user would, on the backend of this test
-environment: TensorFlow in the fast suite's, JAX in the JAX tier's
-(KERAS_BACKEND=jax). Two tasks on one node stand in for two nodes: they join
-through Slurm's variables exactly as on two (pipeline/rules/cluster.py).
+tests/slurm_nodes.py makes the nodes on this machine: each its own network
+namespace, address and host name, its own slurmd, one slurmctld; each with
+four stand-in GPUs Slurm binds to tasks (CUDA_VISIBLE_DEVICES) though no
+framework finds a GPU behind them. Each test starts `python -m
+launch.train` through `srun` or the repository's batch script, as a user
+would, on the backend of this test environment: TensorFlow in the fast
+suite's, JAX in the JAX tier's (KERAS_BACKEND=jax). .ci/run installs Slurm
+(Debian's 22.05) and iproute2; there a missing Slurm fails, not skips.
 """
 
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import free_port
 from conftest import REPO
+import slurm_nodes
 
 BACKEND = os.environ.get('KERAS_BACKEND', 'tensorflow')
 # .ci/run sets it: there, a missing Slurm fails instead of skipping.
@@ -34,62 +33,15 @@ SLOW_ON_JAX = pytest.mark.slow if BACKEND == 'jax' else (lambda test: test)
 
 @pytest.fixture(scope='module')
 def slurm(tmp_path_factory):
-  """A one-node Slurm cluster; yields the environment its commands need."""
-  missing = [name for name in ('slurmctld', 'slurmd', 'srun', 'sbatch')
-             if not shutil.which(name)]
-  reason = (f'Slurm is not installed ({", ".join(missing)} missing): '
-            'apt-get install slurmctld slurmd slurm-client' if missing else
-            'a Slurm node runs as root' if os.geteuid() else None)
+  """Two Slurm nodes of 4 stand-in GPUs; yields the environment their
+  commands need."""
+  reason = slurm_nodes.missing()
   if reason:
     if REQUIRED:
       pytest.fail(reason)
     pytest.skip(reason)
-  root = tmp_path_factory.mktemp('slurm')
-  host = socket.gethostname()
-  conf = root / 'slurm.conf'
-  conf.write_text('\n'.join([
-      # Addresses, not names: a CI machine's own name may not resolve. The
-      # node is `localhost`, which the tasks' JAX and TensorFlow reach.
-      'ClusterName=test', f'SlurmctldHost={host}(127.0.0.1)', 'SlurmUser=root',
-      'SlurmdUser=root', 'AuthType=auth/none', 'CredType=cred/none',
-      'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none',
-      'MpiDefault=none', 'SelectType=select/cons_tres',
-      'SelectTypeParameters=CR_CPU', 'ReturnToService=2',
-      f'SlurmctldPort={free_port()}', f'SlurmdPort={free_port()}',
-      f'StateSaveLocation={root}/state', f'SlurmdSpoolDir={root}/spool',
-      f'SlurmctldPidFile={root}/slurmctld.pid',
-      f'SlurmdPidFile={root}/slurmd.pid',
-      f'SlurmctldLogFile={root}/slurmctld.log',
-      f'SlurmdLogFile={root}/slurmd.log',
-      # What a site gives tasks between SIGTERM and SIGKILL (default 30 s);
-      # JAX's steps on this CPU take seconds each.
-      'KillWait=60',
-      f'NodeName=localhost NodeAddr=127.0.0.1 CPUs={os.cpu_count()} '
-      'State=UNKNOWN',
-      'PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP '
-      'OverSubscribe=YES', '']))
-  (root / 'state').mkdir()
-  (root / 'spool').mkdir()
-  env = dict(os.environ, SLURM_CONF=str(conf),
-             PATH=f'{os.path.dirname(sys.executable)}{os.pathsep}'
-                  f'{os.environ["PATH"]}')
-  daemons = [subprocess.Popen([*daemon, '-D', '-f', str(conf)], env=env,
-                              stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-             for daemon in (['slurmctld'], ['slurmd', '-N', 'localhost'])]
-  try:
-    deadline = time.monotonic() + 60
-    while subprocess.run(['srun', '-n', '1', 'true'], env=env,
-                         capture_output=True, timeout=60).returncode:
-      assert time.monotonic() < deadline, (root / 'slurmctld.log').read_text()
-      time.sleep(1)
+  with slurm_nodes.cluster(tmp_path_factory.mktemp('slurm')) as env:
     yield env
-  finally:
-    subprocess.run(['scancel', '--user=root'], env=env, check=False,
-                   capture_output=True)
-    for daemon in daemons:
-      daemon.terminate()
-      daemon.wait(timeout=60)
 
 
 def _train_args(workdir, tfds_dir, epochs):
@@ -165,12 +117,12 @@ def _job_state(env, job):
 @SLOW_ON_JAX
 def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
     slurm, tfds_dir, tmp_path):
-  """`srun -n 2` trains one run over two processes; SIGKILL to the second
+  """`srun -N 2` trains one run over the two nodes; SIGKILL to the second
   task mid-run then stops the first in one line, and the same srun again
   resumes from the last checkpoint and finishes."""
   workdir = tmp_path / 'run'
   log = tmp_path / 'srun.log'
-  command = ['srun', '-n', '2', '-l', '--job-name=kill', sys.executable,
+  command = ['srun', '-N', '2', '-l', '--job-name=kill', sys.executable,
              '-m', 'launch.train', *_train_args(workdir, tfds_dir, 20)]
   with open(log, 'w') as out:
     first = subprocess.Popen(command, cwd=REPO, env=slurm, stdout=out,
@@ -236,14 +188,15 @@ def _task_pid(workdir, rank):
 
 def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
     slurm, tfds_dir, tmp_path):
-  """The repository's batch script, as it is (its header asks for 2 nodes:
-  the command line gives this one node's 2 tasks instead). `scancel`
-  mid-run: every task ends with 143 and a committed checkpoint; the same
-  sbatch, waited for, resumes from it and finishes."""
+  """The repository's batch script, as it is, over the two nodes (the
+  command line asks for their 4 GPUs each, where the script asks for 8).
+  `scancel` mid-run: every task ends with 143 and a committed checkpoint;
+  the same sbatch, waited for, resumes from it and finishes, one process
+  on each node with all of its GPUs."""
   workdir = tmp_path / 'run'
   script = os.path.join(REPO, 'launch', 'train.sbatch')
   args = _train_args(workdir, tfds_dir, 2)
-  sbatch = ['sbatch', '--parsable', '--nodes=1', '--ntasks-per-node=2']
+  sbatch = ['sbatch', '--parsable', '--gpus-per-node=4']
   first_log = tmp_path / 'first.out'
   job = subprocess.run(
       [*sbatch, f'--output={first_log}', script, *args], cwd=REPO, env=slurm,
@@ -269,3 +222,82 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert (metrics['initial_step'], metrics['num_workers']) == (stopped, 2)
   assert metrics['joined_by'] == f'Slurm (job {second.stdout.strip()})'
+  # One process a node, each with all four of its node's GPUs.
+  assert output.count('; GPUs 0,1,2,3 (all this host shows it; '
+                      'CUDA_VISIBLE_DEVICES=0,1,2,3)') == 2, output[-3000:]
+
+
+_SHARE = (
+    'import os; from pipeline.rules import cluster, hardware as h, placement '
+    'as p; found = cluster.from_environment(os.environ); print(os.environ['
+    '"SLURMD_NODENAME"], p.share_line(found, p.gpu_share(found, '
+    'h.visible_gpu_count(), h.visible_gpus_named()), os.environ))')
+
+
+@pytest.mark.parametrize('layout, expected', [
+    # One process a node, every GPU of it.
+    (['--ntasks-per-node=1', '--gpus-per-node=4'],
+     {('slurmnode0', 'GPUs 0,1,2,3 (all this host shows it; '
+       'CUDA_VISIBLE_DEVICES=0,1,2,3)'),
+      ('slurmnode1', 'GPUs 0,1,2,3 (all this host shows it; '
+       'CUDA_VISIBLE_DEVICES=0,1,2,3)')}),
+    # One a GPU: Slurm binds each task to its own.
+    (['--ntasks-per-node=4', '--gpus-per-task=1'],
+     {(node, f'GPUs {gpu} (bound to this task by Slurm; '
+       f'CUDA_VISIBLE_DEVICES={gpu})')
+      for node in ('slurmnode0', 'slurmnode1') for gpu in range(4)}),
+    # Two a task.
+    (['--ntasks-per-node=2', '--gpus-per-task=2'],
+     {(node, f'GPUs {gpus} (bound to this task by Slurm; '
+       f'CUDA_VISIBLE_DEVICES={gpus})')
+      for node in ('slurmnode0', 'slurmnode1') for gpus in ('0,1', '2,3')}),
+    # Two a node, Slurm binding none: half each, by local rank.
+    (['--ntasks-per-node=2', '--gpus-per-node=4'],
+     {(node, f'GPUs {gpus} (its share of 4, 2 processes on this host; '
+       'CUDA_VISIBLE_DEVICES=0,1,2,3)')
+      for node in ('slurmnode0', 'slurmnode1') for gpus in ('0,1', '2,3')}),
+])
+def test_every_task_gets_its_own_gpus_as_slurm_binds_them(slurm, layout,
+                                                          expected):
+  """What each task's plan says of its GPUs (the run's Run: line), read by
+  the library from the variables Slurm set for it: every GPU of both nodes
+  taken, none twice."""
+  result = subprocess.run(['srun', '-N', '2', *layout,
+                           sys.executable, '-c', _SHARE], cwd=REPO, env=slurm,
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  said = [tuple(line.split(' ', 1)) for line in result.stdout.splitlines()]
+  assert set(said) == expected and len(said) == len(expected), said
+
+
+@pytest.mark.slow  # Two minutes' time limit, twice: about 4 minutes.
+def test_a_job_at_its_time_limit_commits_requeues_and_finishes(
+    slurm, tfds_dir, tmp_path):
+  """The batch script as it is, with a time limit of two minutes and the
+  signal a minute before it (Slurm may send it up to a minute early):
+  every task commits a checkpoint, the job requeues itself and resumes,
+  same job id, appending to its output, until training is done."""
+  workdir = tmp_path / 'run'
+  log = tmp_path / 'job.out'
+  script = os.path.join(REPO, 'launch', 'train.sbatch')
+  job = subprocess.run(
+      ['sbatch', '--parsable', '--gpus-per-node=0', '--time=2',
+       '--signal=B:USR1@60', f'--output={log}', script,
+       *_train_args(workdir, tfds_dir, 60)], cwd=REPO, env=slurm,
+      capture_output=True, text=True, check=True).stdout.strip()
+  deadline = time.monotonic() + 900
+  while time.monotonic() < deadline and not (
+      (workdir / 'metrics.json').exists() and not _job_state(slurm, job)):
+    time.sleep(2)
+  output = log.read_text()
+  assert (workdir / 'metrics.json').exists(), output[-3000:]
+  assert (f'train.sbatch: the time limit is near; every task commits a '
+          f'checkpoint, then job {job} requeues and resumes from it') in output
+  assert re.search(r'Resuming at step \d+ of 480', output), output[-3000:]
+  assert re.search(r'preempted: SIGTERM: checkpoint of step \d+ committed',
+                   output), output[-3000:]
+  assert 'Traceback' not in output
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['joined_by'] == f'Slurm (job {job})'
+  assert metrics['total_steps'] == 480 and metrics['initial_step'] > 0

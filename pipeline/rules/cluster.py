@@ -6,22 +6,28 @@ a JobSet, Kubeflow Trainer, XPK), GKE's TPU node pools, or a person setting
 variables. Each leaves its own variables; `from_environment` reads them
 into one `Cluster`, the order being what the user set over what an engine
 set: JAX's explicit variables (Kubeflow Trainer's `jax-distributed`
-runtime and XPK inject them too), GKE's TPU variables, Slurm, Open MPI.
-TF_CONFIG (Kubeflow's TFJob) is TensorFlow's own and read there.
+runtime and XPK inject them too), GKE's TPU variables, Open MPI, Slurm
+(Open MPI before Slurm, as JAX: `mpirun` inside an allocation passes the
+job's Slurm variables to its ranks). TF_CONFIG (Kubeflow's TFJob) is
+TensorFlow's own and read there.
 
-What no variable shows, a Cloud TPU VM pod slice (its peers are in the GCE
-metadata) or a Kubernetes Job found through the API, JAX's own detection
-finds (`jax.distributed.initialize()` without arguments); the JAX backend
-asks it where this module finds nothing.
+Where JAX knows the engine (Slurm, Open MPI, GKE's TPU hosts) the Cluster
+names JAX's own detection (`jax_detects`) and JAX reads the engine's
+variables itself; the rest of the Cluster names the engine, gives each
+process its GPUs and gives TensorFlow its workers. Where no variable shows
+the peers (a Cloud TPU VM pod slice: the GCE metadata; a Kubernetes Job:
+its API) JAX's detection alone finds them.
 
 Importable without TensorFlow or JAX: pure functions of the environment.
 """
 
 import dataclasses
 import re
+import subprocess
 from typing import Optional
 
 from pipeline.errors import UserError
+from pipeline.errors import first_line
 
 # JAX's coordinator port on a TPU slice (jax/_src/clusters/cloud_tpu_cluster.py):
 # where only the coordinator's host is named, its port.
@@ -41,50 +47,68 @@ class Cluster:
   engine: str  # As users know it: 'Slurm', 'GKE TPU', 'XPK', ...
   num_processes: int
   process_id: int
-  # 'host:port' of process 0, where JAX's coordinator listens; None: JAX's
-  # own detection finds it (Open MPI's launcher address).
+  # 'host:port' of process 0, where JAX's coordinator listens, where JAX
+  # does not find it itself (jax_detects).
   coordinator: Optional[str] = None
-  # Every process's host, by rank, where the engine lists them (Slurm):
-  # what TensorFlow's cluster spec is built from.
-  hosts: tuple = ()
   local_rank: int = 0  # Among the processes on this host.
   local_size: int = 1
   job: str = ''  # The engine's job id, where it has one.
+  # JAX's cluster_detection_method for this engine, where JAX reads its
+  # variables itself; None: the fields above are passed to it.
+  jax_detects: Optional[str] = None
+  # The engine gave each process its own GPUs (`srun --gpus-per-task`):
+  # a process keeps every GPU it sees.
+  gpus_bound: bool = False
+  # What says how many processes share this host, for a message.
+  local_size_from: str = ''
+  host: str = ''  # The node this process runs on, where the engine says.
 
   def joined_by(self):
     """The engine as a run reports it: 'Slurm (job 7)'."""
     return self.engine + (f' (job {self.job})' if self.job else '')
 
+  def all_hosts(self):
+    """Every process's host, by rank, where the engine lists them."""
+    raise UserError(f'{self.engine} does not list every process\'s host, '
+                    'which TensorFlow\'s workers need: set TF_CONFIG on '
+                    'each, or pass --backend=jax')
+
   def tensorflow_workers(self):
     """'host:port' of every process, by rank, for MultiWorkerMirrored-
-    Strategy: a port per process on each host, from the job's range."""
-    if not self.hosts:
-      raise UserError(f'{self.engine} does not list every process\'s host, '
-                      'which TensorFlow\'s workers need: set TF_CONFIG on '
-                      'each, or pass --backend=jax')
+    Strategy: a port per process on each host, from the job's range. The
+    host this process is given must be the one it runs on."""
+    hosts = self.all_hosts()
     if self.local_size > SLURM_TF_PORTS_PER_JOB:
       raise UserError(f'{self.local_size} TensorFlow workers on one host; '
                       f'at most {SLURM_TF_PORTS_PER_JOB} (one per GPU): '
                       'start fewer tasks per node')
+    if self.host and hosts[self.process_id] != self.host:
+      raise UserError(
+          f'{self.engine} placed process {self.process_id} on {self.host}, '
+          f'where its layout puts it on {hosts[self.process_id]}: '
+          "TensorFlow's workers need srun -m block or -m cyclic, or "
+          'TF_CONFIG on each')
     base = SLURM_PORTS + (int(self.job or 0) * SLURM_TF_PORTS_PER_JOB) % 4096
     seen, workers = {}, []
-    for host in self.hosts:
+    for host in hosts:
       workers.append(f'{host}:{base + seen.get(host, 0)}')
       seen[host] = seen.get(host, 0) + 1
     return workers
 
 
 def from_environment(environ):
-  """The Cluster the variables in `environ` describe; None for a process
-  alone (or one JAX's own detection may still place: see the docstring).
-  A one-line UserError for variables that contradict each other."""
-  for read in (_jax_variables, _gke_tpu, _slurm, _open_mpi):
+  """The Cluster the variables in `environ` describe, a lone process's too
+  (one task of a Slurm step: it joins nobody); None where no engine's
+  variables are set (JAX's own detection may still place the process: see
+  the docstring). A one-line UserError for variables that contradict each
+  other."""
+  for read in (_jax_variables, _gke_tpu, _open_mpi, _slurm):
     cluster = read(environ)
     if cluster:
       if not 0 <= cluster.process_id < cluster.num_processes:
         raise UserError(f'{cluster.engine}: process {cluster.process_id} is '
                         f'not among its {cluster.num_processes} processes')
-      return cluster if cluster.num_processes > 1 else None
+      return cluster
   return None
 
 
@@ -111,18 +135,25 @@ def _jax_variables(environ):
   if ':' not in address.rsplit(']', 1)[-1]:
     port = environ.get('JAX_COORDINATOR_PORT') or TPU_COORDINATOR_PORT
     address = f'{address}:{port}'
-  count = _integer(environ, 'JAX_NUM_PROCESSES', 'NNODES')
+  # JAX reads JAX_NUM_PROCESSES and JAX_PROCESS_ID; what Kubeflow Trainer
+  # (JAX_PROCESS_COUNT, PROCESSES_IN_JOB, JOB_INDEX) and XPK (NNODES,
+  # NODE_RANK) set, CPU workloads included, it does not: all are passed.
+  count = _integer(environ, 'JAX_NUM_PROCESSES', 'JAX_PROCESS_COUNT',
+                   'NNODES', 'PROCESSES_IN_JOB')
   rank = _integer(environ, 'JAX_PROCESS_ID', 'NODE_RANK',
-                  'JOB_COMPLETION_INDEX')
+                  'JOB_COMPLETION_INDEX', 'JOB_INDEX')
   if count is None or rank is None:
     raise UserError(f'JAX_COORDINATOR_ADDRESS={address} needs the number of '
-                    'processes (JAX_NUM_PROCESSES, or NNODES) and this '
-                    "process's rank (JAX_PROCESS_ID, NODE_RANK, or "
-                    "an indexed Job's JOB_COMPLETION_INDEX)")
+                    'processes (JAX_NUM_PROCESSES, JAX_PROCESS_COUNT, NNODES '
+                    "or PROCESSES_IN_JOB) and this process's rank "
+                    '(JAX_PROCESS_ID, NODE_RANK, or an indexed Job\'s '
+                    'JOB_COMPLETION_INDEX or JOB_INDEX)')
   if 'NNODES' in environ and 'NODE_RANK' in environ:
     engine = 'XPK (NNODES, NODE_RANK)'
   elif 'JAX_PROCESS_ID' not in environ and 'NODE_RANK' not in environ:
-    engine = 'a Kubernetes indexed Job (JOB_COMPLETION_INDEX)'
+    index = next(name for name in ('JOB_COMPLETION_INDEX', 'JOB_INDEX')
+                 if environ.get(name, '') != '')
+    engine = f'a Kubernetes Job ({index})'
   else:
     engine = 'JAX_COORDINATOR_ADDRESS'
   return Cluster(engine, count, rank, coordinator=address)
@@ -131,81 +162,113 @@ def _jax_variables(environ):
 def _gke_tpu(environ):
   """A GKE TPU node pool's workers: TPU_PROCESS_ADDRESSES (newer pools) or
   TPU_WORKER_HOSTNAMES, each slice's hosts by worker id, and
-  MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID across slices (JAX's rule)."""
+  MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID across slices. JAX reads
+  them itself (its coordinator is the first host's, port 8482)."""
   hosts = (environ.get('TPU_PROCESS_ADDRESSES') or
            environ.get('TPU_WORKER_HOSTNAMES') or '')
   if ',' not in hosts or environ.get('TPU_WORKER_ID', '') == '':
     return None
-  hosts = [host.strip() for host in hosts.split(',')]
+  count = len(hosts.split(','))
   slices = _integer(environ, 'MEGASCALE_NUM_SLICES') or 1
   rank = (_integer(environ, 'TPU_WORKER_ID') +
-          (_integer(environ, 'MEGASCALE_SLICE_ID') or 0) * len(hosts))
-  first = (environ.get('MEGASCALE_COORDINATOR_ADDRESS') or hosts[0])
-  port = environ.get('JAX_COORDINATOR_PORT') or TPU_COORDINATOR_PORT
-  return Cluster('GKE TPU', len(hosts) * slices, rank,
-                 coordinator=f'{_host(first)}:{port}')
-
-
-def _host(address):
-  """The host of 'host', 'host:port' or '[v6]:port'."""
-  if address.startswith('['):
-    return address[:address.index(']') + 1]
-  return address.split(':')[0]
+          (_integer(environ, 'MEGASCALE_SLICE_ID') or 0) * count)
+  return Cluster('GKE TPU', count * slices, rank, jax_detects='gketpu')
 
 
 def _slurm(environ):
-  """A Slurm job step (`srun`): the variables JAX reads, the nodes'
-  names, and the tasks on each (Slurm's default block distribution: ranks
-  fill the first node, then the next)."""
+  """A Slurm job step (`srun`): JAX reads its variables itself; the tasks
+  on each node and the layout that placed them, for the GPU share and
+  TensorFlow's workers."""
   names = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS',
            'SLURM_PROCID', 'SLURM_LOCALID')
   if not all(environ.get(name) for name in names):
     return None  # Not a job step: `sbatch`'s own shell has no node list.
-  nodes = expand_hostlist(environ['SLURM_STEP_NODELIST'])
   per_node = expand_counts(environ.get('SLURM_STEP_TASKS_PER_NODE', ''))
-  count = _integer(environ, 'SLURM_NTASKS')
-  hosts = ()
-  if len(per_node) == len(nodes) and sum(per_node) == count:
-    hosts = tuple(node for node, n in zip(nodes, per_node)
-                  for _ in range(n))
   node_id = _integer(environ, 'SLURM_NODEID') or 0
-  job = environ['SLURM_JOB_ID']
-  port = environ.get('JAX_COORDINATOR_PORT') or (
-      SLURM_PORTS + int(job) % 4096)
-  return Cluster(
-      'Slurm', count, _integer(environ, 'SLURM_PROCID'),
-      coordinator=f'{nodes[0]}:{port}', hosts=hosts,
+  return SlurmCluster(
+      'Slurm', _integer(environ, 'SLURM_NTASKS'),
+      _integer(environ, 'SLURM_PROCID'),
       local_rank=_integer(environ, 'SLURM_LOCALID'),
       local_size=per_node[node_id] if node_id < len(per_node) else 1,
-      job=job)
+      job=environ['SLURM_JOB_ID'], jax_detects='slurm',
+      # --gpus-per-task, --gpu-bind: Slurm 22.05 says so in SLURMD_TRES_BIND
+      # (gpu:per_task:2), later ones in SLURM_GPUS_PER_TASK too.
+      gpus_bound=bool(environ.get('SLURM_GPUS_PER_TASK') or
+                      'gpu:' in environ.get('SLURMD_TRES_BIND', '')),
+      local_size_from='SLURM_STEP_TASKS_PER_NODE',
+      host=environ.get('SLURMD_NODENAME', ''),
+      node_list=environ['SLURM_STEP_NODELIST'], tasks_per_node=tuple(per_node),
+      layout=_slurm_layout(environ))
+
+
+def _slurm_layout(environ):
+  """How the step placed its tasks on its nodes: 'block' (Slurm's default)
+  or 'cyclic'; anything else (plane, arbitrary, a host file) as named."""
+  if environ.get('SLURM_HOSTFILE'):
+    return 'a host file (SLURM_HOSTFILE)'
+  method = environ.get('SLURM_DISTRIBUTION', 'block').split(':')[0]
+  return method if method in ('block', 'cyclic') else (
+      f'SLURM_DISTRIBUTION={environ["SLURM_DISTRIBUTION"]}')
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmCluster(Cluster):
+  """A Slurm step's Cluster: its hosts, by rank, from its node list
+  (expanded by Slurm's own `scontrol show hostnames`) and its layout."""
+  node_list: str = ''
+  tasks_per_node: tuple = ()
+  layout: str = 'block'
+
+  def all_hosts(self):
+    nodes = hostnames(self.node_list)
+    counts = list(self.tasks_per_node)
+    if len(counts) != len(nodes) or sum(counts) != self.num_processes:
+      raise UserError(f'Slurm lists {len(nodes)} nodes and tasks '
+                      f'{counts} for {self.num_processes} tasks: set TF_CONFIG '
+                      'on each, or pass --backend=jax')
+    if self.layout == 'block':
+      return tuple(node for node, n in zip(nodes, counts) for _ in range(n))
+    if self.layout != 'cyclic':
+      raise UserError(f'Slurm placed the tasks by {self.layout}, which '
+                      "TensorFlow's workers cannot follow: srun -m block or "
+                      '-m cyclic, TF_CONFIG on each task, or --backend=jax')
+    placed = []
+    while len(placed) < self.num_processes:  # One a node, round and round.
+      for index, node in enumerate(nodes):
+        if counts[index]:
+          placed.append(node)
+          counts[index] -= 1
+    return tuple(placed)
+
+
+def hostnames(node_list):
+  """Slurm's compressed node list as names ('gpu[01-02]' -> gpu01, gpu02),
+  as Slurm's own `scontrol show hostnames` expands it."""
+  try:
+    return subprocess.run(['scontrol', 'show', 'hostnames', node_list],
+                          capture_output=True, text=True, timeout=30,
+                          check=True).stdout.split()
+  except (OSError, subprocess.SubprocessError) as e:
+    raise UserError(f"Slurm's scontrol could not expand the node list "
+                    f'{node_list!r} ({first_line(e)}): run inside the '
+                    'allocation, with Slurm on PATH') from None
 
 
 def _open_mpi(environ):
-  """`mpirun`'s processes; JAX finds the coordinator from the launcher's
-  address itself."""
-  if 'OMPI_MCA_orte_hnp_uri' not in environ:
+  """`mpirun`'s processes: Open MPI 4 (its launcher's ORTE URI) or 5
+  (PRRTE: the COMM_WORLD variables without it). JAX reads both itself
+  (Open MPI 5 through mpi4py)."""
+  version = ('4' if 'OMPI_MCA_orte_hnp_uri' in environ else
+             '5' if all(environ.get(f'OMPI_COMM_WORLD_{name}')
+                        for name in ('SIZE', 'RANK', 'LOCAL_RANK')) else None)
+  if not version:
     return None
   return Cluster(
-      'Open MPI', _integer(environ, 'OMPI_COMM_WORLD_SIZE') or 1,
+      f'Open MPI {version}', _integer(environ, 'OMPI_COMM_WORLD_SIZE') or 1,
       _integer(environ, 'OMPI_COMM_WORLD_RANK') or 0,
       local_rank=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_RANK') or 0,
-      local_size=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_SIZE') or 1)
-
-
-def expand_hostlist(text):
-  """Slurm's compressed host list as names: 'gpu[01-03,07],login' ->
-  ['gpu01', 'gpu02', 'gpu03', 'gpu07', 'login'] (zero padding kept)."""
-  names = []
-  for prefix, ranges, suffix in re.findall(
-      r'([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)', text):
-    if not ranges:
-      names.append(prefix + suffix)
-      continue
-    for part in ranges.split(','):
-      first, _, last = part.partition('-')
-      for number in range(int(first), int(last or first) + 1):
-        names.append(f'{prefix}{number:0{len(first)}d}{suffix}')
-  return names
+      local_size=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_SIZE') or 1,
+      jax_detects='ompi', local_size_from='OMPI_COMM_WORLD_LOCAL_SIZE')
 
 
 def expand_counts(text):
@@ -214,25 +277,3 @@ def expand_counts(text):
   for count, repeat in re.findall(r'(\d+)(?:\(x(\d+)\))?', text):
     counts.extend([int(count)] * int(repeat or 1))
   return counts
-
-
-def gpu_share(cluster, visible_gpus):
-  """Indices of the GPUs this process trains on among the `visible_gpus` its
-  host shows it; None where it shows none.
-
-  All where it is alone on its host, or its engine bound it to its own
-  (`srun --gpus-per-task=1` shows each task one); otherwise an equal share
-  by local rank. JAX's own rule (one GPU per local rank, jax#16788) would
-  leave one process per 8-GPU host training on one GPU of eight.
-  """
-  if not visible_gpus:
-    return None
-  if cluster is None or cluster.local_size == 1 or visible_gpus == 1:
-    return list(range(visible_gpus))
-  if visible_gpus % cluster.local_size:
-    raise UserError(f'{cluster.local_size} processes on this host cannot '
-                    f'share its {visible_gpus} GPUs equally: start one '
-                    'process per host, or one per GPU')
-  share = visible_gpus // cluster.local_size
-  return list(range(cluster.local_rank * share,
-                    (cluster.local_rank + 1) * share))

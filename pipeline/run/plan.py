@@ -103,6 +103,7 @@ class Plan:
         'num_replicas': hw.num_replicas,
         'num_workers': hw.num_workers,
         'joined_by': hw.cluster or None,
+        'gpu_share': hw.gpu_share or None,
         'policy': self.policy,
         'policy_reason': self.precision.reason,
         'loss_scaling': self.precision.loss_scaling,
@@ -142,7 +143,8 @@ class Plan:
         f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
         f'{hw.num_replicas} replica(s) over {hw.num_workers} worker(s)'
         + (f'; {hw.num_workers} processes joined by {hw.cluster}, this is '
-           f'process {hw.task_index}' if hw.cluster else ''),
+           f'process {hw.task_index}' if hw.cluster else '')
+        + (f'; {hw.gpu_share}' if hw.gpu_share else ''),
         f'Software: {hardware_lib.software()}',
         f'Precision: {p.policy} ({p.reason}'
         f'{"; " + p.graph_rewrite if p.graph_rewrite else ""}); loss scaling '

@@ -11,6 +11,7 @@ pipeline reads its own shard of the records and feeds its own devices.
 import contextlib
 import os
 import re
+import socket
 
 from absl import logging
 import jax
@@ -24,6 +25,7 @@ from pipeline.data import dali
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 from pipeline.rules import cluster as cluster_lib
+from pipeline.rules import placement
 from pipeline.rules import hardware as hardware_lib
 from pipeline.rules import stopping
 
@@ -90,33 +92,55 @@ def leave_room_for_dali(input_pipeline, environ=os.environ):
     environ[MEMORY_FRACTION] = f'{fraction:.2f}'
 
 
-def _join_hosts():
+def _join_hosts(found, gpus):
   """Joins this process to the other hosts of its run, where there are any,
   before any device is used (pipeline/rules/cluster.py says who started
-  them); the Cluster, or None for a process alone."""
+  them); the Cluster, or None for a process alone.
+
+  Where JAX knows the engine (Slurm, Open MPI, GKE's TPU hosts) it reads
+  the engine's variables itself, told only this process's GPUs; where the
+  variables are ones JAX does not read (Kubeflow's, XPK's) they are passed;
+  where none are set, JAX's own detection looks (a TPU VM slice's metadata,
+  Kubernetes' API). A lone task of a Slurm step starts no coordinator: two
+  in one allocation would bind the same port. `found`: the engine's
+  Cluster (cluster.from_environment); `gpus`: this process's share."""
   if jax.distributed.is_initialized():  # By its caller: a Ray actor.
     return cluster_lib.Cluster('the caller (jax.distributed initialised)',
                                jax.process_count(), jax.process_index())
-  found = cluster_lib.from_environment(os.environ)
-  gpus = cluster_lib.gpu_share(found, _visible_gpus())
+  if found and found.num_processes == 1:
+    return None
+  if not gpus and not backends.tpu_attached():  # CPUs: gloo's collectives.
+    problem = placement.unreachable_host_name(
+        found, socket.gethostname(), socket.gethostbyname)
+    if problem:
+      raise UserError(problem)
   timeout_s = int(os.environ.get('JAX_INITIALIZATION_TIMEOUT_S', '300'))
   engine = found.engine if found else "JAX's cluster detection"
   failed = (f'could not join the other hosts through {engine} within '
             f'{timeout_s} s (JAX_INITIALIZATION_TIMEOUT_S): every host must '
             'start the same command')
+  if found and found.engine == 'Open MPI 5' and not backends.installed(
+      'mpi4py'):
+    raise UserError('Open MPI 5 starts no launcher JAX can read without '
+                    'mpi4py: pip install mpi4py, or set '
+                    'JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and '
+                    'JAX_PROCESS_ID')
+  if found and found.jax_detects:
+    where = {'cluster_detection_method': found.jax_detects}
+  elif found:
+    where = {'coordinator_address': found.coordinator,
+             'num_processes': found.num_processes,
+             'process_id': found.process_id,
+             'cluster_detection_method': 'deactivate'}
+  else:
+    where = {}
   # JAX's client aborts the process (a native fatal error and a stack dump)
   # when its own timeout passes; this one passes first, in one line.
   try:
     with stopping.within(timeout_s, f'error: {failed}'):
-      if found and found.coordinator:
-        jax.distributed.initialize(
-            found.coordinator, found.num_processes, found.process_id,
-            local_device_ids=gpus, cluster_detection_method='deactivate',
-            initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
-      else:  # Open MPI, or what only JAX detects (a TPU VM's metadata).
-        jax.distributed.initialize(
-            local_device_ids=gpus,
-            initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S)
+      jax.distributed.initialize(
+          local_device_ids=gpus,
+          initialization_timeout=timeout_s + _JAX_TIMEOUT_MARGIN_S, **where)
   except Exception as e:  # pylint: disable=broad-except
     # JAX found no cluster either, or was in use before (a notebook, a
     # test's process): a process alone.
@@ -156,15 +180,6 @@ def peers_lost_in_one_line():
 
 # JAX's own join timeout is this much later than the run's.
 _JAX_TIMEOUT_MARGIN_S = 30
-
-
-def _visible_gpus():
-  """How many GPUs this process may see: CUDA_VISIBLE_DEVICES' entries
-  where it is set (Slurm sets it per task), else the driver's count."""
-  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
-  if visible is not None:
-    return len([entry for entry in visible.split(',') if entry.strip()])
-  return hardware_lib.nvidia_gpus()
 
 
 def unsupported_settings(request, environ=os.environ):
@@ -224,7 +239,10 @@ def resolve(request):
     jax.config.update('jax_num_cpu_devices', num_cpu_devices)
   _keep_tensorflow_off_the_gpus()
   leave_room_for_dali(request.input_pipeline)
-  cluster = _join_hosts()
+  engine = cluster_lib.from_environment(os.environ)
+  gpus = placement.gpu_share(engine, hardware_lib.visible_gpu_count(),
+                               hardware_lib.visible_gpus_named())
+  cluster = _join_hosts(engine, gpus)
   if cluster:
     _joined_by.append(cluster.joined_by())
   # jax.distributed's preemption notifier has just taken SIGTERM in native
@@ -258,6 +276,7 @@ def resolve(request):
       task_index=jax.process_index(), is_chief=jax.process_index() == 0,
       detail=detail, strategy_name='DataParallel',
       cluster=cluster.joined_by() if cluster else '',
+      gpu_share=placement.share_line(engine, gpus, os.environ),
       **(gpu_fields(found[0]) if kind == 'GPU' else {}))
 
 

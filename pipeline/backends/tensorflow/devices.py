@@ -21,6 +21,7 @@ from pipeline.backends.tensorflow import workers
 from pipeline.data import dali
 from pipeline.errors import UserError
 from pipeline.rules import cluster as cluster_lib
+from pipeline.rules import placement
 from pipeline.rules import hardware as hardware_lib
 from pipeline.rules.hardware import Hardware
 
@@ -93,7 +94,19 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
                 collective_timeout_s, gpus, tpu_runtime_version, allow_cpu,
                 split_gpus_into)
   return dataclasses.replace(found,
-                             strategy_name=strategy_name(found.strategy))
+                             strategy_name=strategy_name(found.strategy),
+                             gpu_share=_share_line(gpus))
+
+
+def _share_line(spec):
+  """The plan's words for this process's GPUs, as Slurm or the driver
+  show them (where --gpus picks none)."""
+  if spec or os.environ.get('TF_CONFIG'):
+    return ''
+  cluster = cluster_lib.from_environment(os.environ)
+  return placement.share_line(cluster, placement.gpu_share(
+      cluster, hardware_lib.visible_gpu_count(),
+      hardware_lib.visible_gpus_named()), os.environ)
 
 
 def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
@@ -101,7 +114,8 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
           split_gpus_into):
   cluster = None if os.environ.get('TF_CONFIG') else (
       cluster_lib.from_environment(os.environ))
-  if cluster and cluster.engine != 'Slurm':
+  joins = cluster and cluster.num_processes > 1  # A lone task joins nobody.
+  if joins and cluster.engine != 'Slurm':
     raise UserError(f'{cluster.engine} joins hosts on the JAX backend; '
                     'TensorFlow workers join through a Slurm job step or '
                     'TF_CONFIG: pass --backend=jax, or set TF_CONFIG instead')
@@ -120,7 +134,7 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
   if os.environ.get('TF_CONFIG'):
     return workers.join(workers.tf_config_resolver(), 'TF_CONFIG',
                         collective, collective_timeout_s)
-  if cluster:
+  if joins:
     return workers.join(workers.slurm_resolver(cluster), cluster.joined_by(),
                         collective, collective_timeout_s)
   split_cpu(num_cpu_devices)
@@ -160,7 +174,8 @@ def _limit_visible_gpus(spec, cluster):
   share where several share a host; before TF initialises them."""
   physical = tf.config.list_physical_devices('GPU')
   indices = hardware_lib.select_gpus(spec, [d.name for d in physical])
-  share = cluster_lib.gpu_share(cluster, len(indices))
+  share = placement.gpu_share(cluster, len(indices),
+                                hardware_lib.visible_gpus_named())
   if share is not None:
     indices = [indices[i] for i in share]
   if len(indices) == len(physical):

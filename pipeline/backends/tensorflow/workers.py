@@ -69,8 +69,19 @@ def join(resolver, joined_by, collective, timeout_s):
       f'error: could not join the other workers through {joined_by} within '
       f'{wait_s:g} s (--collective_timeout_s): every worker must start the '
       'same command')):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=options)
+    try:
+      strategy = tf.distribute.MultiWorkerMirroredStrategy(
+          cluster_resolver=resolver, communication_options=options)
+    except tf.errors.UnknownError as e:
+      if 'Could not start gRPC server' not in str(e):
+        raise
+      address = resolver.cluster_spec().task_address(resolver.task_type,
+                                                     resolver.task_id)
+      raise UserError(
+          f'this worker could not listen on {address}, its address in '
+          f'{joined_by} (the port is taken: a stale run, or another worker '
+          'on this network stack); end what holds it, or give the workers '
+          'other ports') from None
   _joined_by.append(joined_by)
   # Its coordination service may take SIGTERM in native code, as
   # jax.distributed's does: SIGTERM and Ctrl-C are the run's own.
