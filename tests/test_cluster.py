@@ -245,3 +245,18 @@ def test_a_host_name_on_loopback_is_one_line_where_hosts_must_connect():
       SLURM, SLURM_STEP_TASKS_PER_NODE='4', SLURM_NODEID='0'))
   assert placement.unreachable_host_name(
       one_host, 'gpu07', lambda name: '127.0.0.1') is None
+
+
+def test_processes_named_by_hand_on_loopback_stay_on_one_host():
+  """JAX_COORDINATOR_ADDRESS on 127.0.0.1: every process is on this host,
+  whatever this host's name resolves to; one elsewhere is checked."""
+  here = cluster_lib.from_environment({
+      'JAX_COORDINATOR_ADDRESS': '127.0.0.1:1234', 'JAX_NUM_PROCESSES': '2',
+      'JAX_PROCESS_ID': '1'})
+  loopback = lambda name: '127.0.0.1' if name != 'coordinator' else '10.0.0.1'
+  assert placement.unreachable_host_name(here, 'vm', loopback) is None
+  there = cluster_lib.from_environment({
+      'JAX_COORDINATOR_ADDRESS': 'coordinator:1234', 'JAX_NUM_PROCESSES': '2',
+      'JAX_PROCESS_ID': '1'})
+  assert placement.unreachable_host_name(there, 'vm', loopback).startswith(
+      "this host's name 'vm' resolves to 127.0.0.1, a loopback address")

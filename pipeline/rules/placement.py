@@ -63,7 +63,7 @@ def unreachable_host_name(cluster, hostname, resolve):
   address the host's name resolves to: on 127.0.1.1 (Debian's /etc/hosts
   maps a host's own name there) the other hosts never connect, and the run
   ends only after a timeout, in a traceback."""
-  if cluster is None or cluster.local_size >= cluster.num_processes:
+  if not _spans_hosts(cluster, resolve):
     return None
   try:
     address = resolve(hostname)
@@ -71,10 +71,31 @@ def unreachable_host_name(cluster, hostname, resolve):
     return (f"this host's name {hostname!r} does not resolve ({e}): JAX's "
             'CPU collectives listen on its address; add it to /etc/hosts '
             'with an address the other hosts reach')
-  if not (address.startswith('127.') or address == '::1'):
+  if not _loopback(address):
     return None
   return (f"this host's name {hostname!r} resolves to {address}, a loopback "
           "address: JAX's CPU collectives (gloo) would listen there and the "
           f'other hosts of {cluster.joined_by()} could not connect; map '
           f'{hostname!r} to an address they reach in /etc/hosts (Debian maps '
           "a host's own name to 127.0.1.1)")
+
+
+def _loopback(address):
+  return address.startswith('127.') or address == '::1'
+
+
+def _spans_hosts(cluster, resolve):
+  """Whether the processes are on more than this host: as the engine
+  counts them per host (Slurm, Open MPI), else where the coordinator's
+  address is no loopback one."""
+  if cluster is None:
+    return False
+  if cluster.local_size_from:
+    return cluster.local_size < cluster.num_processes
+  if not cluster.coordinator:
+    return False
+  host = cluster.coordinator.rsplit(':', 1)[0].strip('[]')
+  try:
+    return not _loopback(resolve(host))
+  except OSError:
+    return False
