@@ -2,8 +2,9 @@
 
 Importing this module defines --config (with --config.KEY=VALUE overrides),
 the run flags (hardware, --policy, --xla, --workdir); `request()` turns them
-into a request_lib.Request. Launchers call pipeline.environment.prepare(sys.argv)
-before importing this module: it imports TensorFlow.
+into a request_lib.Request. Launchers call
+pipeline.run.environment.prepare(sys.argv) before importing this module: it
+imports TensorFlow.
 """
 
 import os

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from conftest import REPO
+from pipeline import recipe
 from pipeline.recipe import models
 from pipeline.rules import validation
 
@@ -30,4 +31,4 @@ def test_config_is_valid(name):
   assert config.global_batch_size % 8 == 0  # Splits over 8 TPU cores or GPUs.
   assert config.image_size >= 32
   # Every value passes the checks a run makes before it builds anything.
-  validation.validate(config, 8, models.MODELS)
+  validation.validate(config, 8, recipe.choices())

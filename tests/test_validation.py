@@ -16,7 +16,7 @@ from configs import default
 from conftest import REPO
 from conftest import run_module
 from pipeline.reports import evaluation
-from pipeline.recipe import models
+from pipeline import recipe
 from pipeline.rules import validation
 from pipeline.errors import UserError
 
@@ -24,7 +24,7 @@ from pipeline.errors import UserError
 def _checked(**fields):
   config = default.get_config()
   config.update(fields)
-  validation.validate(config, num_replicas=2, model_names=models.MODELS)
+  validation.validate(config, num_replicas=2, recipe_choices=recipe.choices())
 
 
 def test_the_default_config_passes():
@@ -94,7 +94,7 @@ def test_the_words_for_no_cache_turn_it_off(typed, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   config = default.get_config()
   config.cache = typed
-  validation.validate(config, num_replicas=2, model_names=models.MODELS)
+  validation.validate(config, num_replicas=2, recipe_choices=recipe.choices())
   assert config.cache == ''
   from pipeline.data import cache  # pylint: disable=g-import-not-at-top
   assert cache.choose(config, None) == ('none', "cache=''")

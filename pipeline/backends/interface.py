@@ -81,7 +81,7 @@ class Backend(Protocol):
 
   def compile_cache(self, setting: str, environ: dict, gpus: list,
                     accelerator: bool, versions: str):
-    """run.compile_cache.Settings for compile_cache_dir=`setting`, before
+    """rules.compile_cache.Settings for compile_cache_dir=`setting`, before
     TensorFlow or JAX load (`environ` is not changed here)."""
 
   def check_compile_cache(self, directory: str) -> None:
@@ -89,7 +89,7 @@ class Backend(Protocol):
     entries that would fail the run)."""
 
   def resolve_hardware(self, request):
-    """The run.hardware.Hardware of this process for a run.request.Request,
+    """The rules.hardware.Hardware of this process for a rules.request.Request,
     or a one-line UserError."""
 
   def policy(self, requested: str, policy: str, reason: str):

@@ -17,7 +17,7 @@ worker that restarts simply starts a new stream and the run goes on with
 the others in the meantime. Evaluation stays on the trainer: it must see
 every held-out example exactly once.
 
-Skipped-record counts travel inside the batches (data.py), so they hold on
+Skipped-record counts travel inside the batches (decode.py), so they hold on
 the workers too.
 """
 

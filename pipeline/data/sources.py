@@ -3,7 +3,7 @@ a folder of class folders (image_folder.py).
 
 Both sources become a stream of (encoded image, label, origin) records, read
 per worker: each worker reads its own files (or, with fewer files than
-workers, its own examples). Decoding is data.py's, after sharding, so a
+workers, its own examples). Decoding is decode.py's, after sharding, so a
 worker never pays to decode another's examples.
 """
 

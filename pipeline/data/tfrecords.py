@@ -2,7 +2,7 @@
 
 Each record is a tf.train.Example with `image/encoded` (JPEG or PNG bytes)
 and `image/class/label` (int64; ImageNet's files count from 1, hence the
-configurable label offset in data.py).
+configurable label offset in decode.py).
 """
 
 import os

@@ -66,40 +66,66 @@ class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
             'decay_steps': self.decay_steps, 'rate': self.rate}
 
 
-def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
-  """Linear warmup to `peak`, then cosine decay to 0 over the rest of the
-  run, or tensorflow/tpu's exponential staircase (lr_schedule)."""
-  warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
-                     max(total_steps - 1, 0))
-  if config.lr_schedule == 'exponential':
-    return WarmupExponentialDecay(
-        peak, warmup_steps,
-        max(config.lr_decay_epochs * steps_per_epoch, 1.0),
-        config.lr_decay_rate)
+# Each schedule and optimizer by its config name: a new one is a function
+# here and a line in its table (validation and the config's docs read the
+# names from these tables, through pipeline/recipe/__init__.py).
+
+
+def _cosine(config, peak, warmup_steps, total_steps, steps_per_epoch):
+  del config, steps_per_epoch
   return WarmupCosineDecay(peak, warmup_steps,
                            max(total_steps - warmup_steps, 1))
 
 
+def _exponential(config, peak, warmup_steps, total_steps, steps_per_epoch):
+  del total_steps
+  return WarmupExponentialDecay(
+      peak, warmup_steps, max(config.lr_decay_epochs * steps_per_epoch, 1.0),
+      config.lr_decay_rate)
+
+
+SCHEDULES = {'cosine': _cosine, 'exponential': _exponential}
+
+
+def _adamw(config, schedule):
+  return keras.optimizers.AdamW(schedule, weight_decay=config.weight_decay)
+
+
+def _sgd(config, schedule):
+  return keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True,
+                              weight_decay=config.weight_decay)
+
+
+def _rmsprop(config, schedule):
+  # tensorflow/tpu's RMSProp: decay 0.9, momentum 0.9, epsilon 1e-3, which
+  # like Keras' sits inside the square root.
+  return keras.optimizers.RMSprop(schedule, rho=0.9, momentum=0.9,
+                                  epsilon=1e-3,
+                                  weight_decay=config.weight_decay)
+
+
+OPTIMIZERS = {'adamw': _adamw, 'sgd': _sgd, 'rmsprop': _rmsprop}
+
+
+def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
+  """The config's lr_schedule (SCHEDULES), after a linear warmup to `peak`
+  over warmup_epochs."""
+  warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
+                     max(total_steps - 1, 0))
+  return SCHEDULES[config.lr_schedule](config, peak, warmup_steps,
+                                       total_steps, steps_per_epoch)
+
+
 def make_optimizer(config, peak, total_steps, steps_per_epoch):
-  """The config's optimizer on its learning-rate schedule, peaking at `peak`.
+  """The config's optimizer (OPTIMIZERS) on its learning-rate schedule,
+  peaking at `peak`.
 
   `total_steps` and `steps_per_epoch` count updates (an update with
   gradient accumulation takes several micro-batches).
   """
-  schedule = learning_rate_schedule(config, peak, total_steps,
-                                    steps_per_epoch)
-  if config.optimizer == 'adamw':
-    optimizer = keras.optimizers.AdamW(schedule,
-                                       weight_decay=config.weight_decay)
-  elif config.optimizer == 'sgd':
-    optimizer = keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True,
-                                     weight_decay=config.weight_decay)
-  else:  # rmsprop
-    # tensorflow/tpu's RMSProp: decay 0.9, momentum 0.9, epsilon 1e-3, which
-    # like Keras' sits inside the square root.
-    optimizer = keras.optimizers.RMSprop(
-        schedule, rho=0.9, momentum=0.9, epsilon=1e-3,
-        weight_decay=config.weight_decay)
+  optimizer = OPTIMIZERS[config.optimizer](
+      config, learning_rate_schedule(config, peak, total_steps,
+                                     steps_per_epoch))
   # Decay only weight matrices: decaying norms and biases hurts small models.
   optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
                                                  'beta'])

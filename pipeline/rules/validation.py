@@ -14,8 +14,6 @@ import re
 from configs import default
 from pipeline.errors import UserError
 
-OPTIMIZERS = ('adamw', 'sgd', 'rmsprop')
-LR_SCHEDULES = ('cosine', 'exponential')
 AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
                  'inception_randaugment')
 KEEP_BEST_METRICS = ('', 'eval_accuracy', 'eval_loss')
@@ -60,15 +58,16 @@ def profile_window(text):
   return start, stop
 
 
-def validate(config, num_replicas, model_names):
+def validate(config, num_replicas, recipe_choices):
   """Raises a one-line UserError for the first field that cannot run; the
   words for off in `cache` ('none', 'off') become ''.
 
-  `model_names`: the models pipeline/recipe/models.py builds (passed in, so this
+  `recipe_choices`: {key: accepted names} of the models, optimizers and
+  schedules the recipe has (pipeline.recipe.choices(); passed in, so this
   module stays importable without Keras).
   """
   _check_batch(config, num_replicas)
-  _check_recipe(config, model_names)
+  _check_recipe(config, recipe_choices)
   _check_input(config)
   _check_schedule_of_work(config)
 
@@ -104,13 +103,12 @@ def _check_batch(config, replicas):
                     '0 (the training set) or a multiple of the global batch')
 
 
-def _check_recipe(config, model_names):
-  _one_of(config, 'model', model_names)
+def _check_recipe(config, recipe_choices):
+  for key, names in recipe_choices.items():
+    _one_of(config, key, names)
   if config.image_size < 32:
     raise UserError(f'image_size={config.image_size} is too small for '
                     'EfficientNet; use 32 or more')
-  _one_of(config, 'optimizer', OPTIMIZERS)
-  _one_of(config, 'lr_schedule', LR_SCHEDULES)
   if not 0.0 <= config.ema_decay < 1.0:
     raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 is '
                     "off, 0.9999 is tensorflow/tpu's")

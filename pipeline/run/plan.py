@@ -28,7 +28,7 @@ from pipeline.rules import schedule
 from pipeline.rules import validation
 from pipeline.storage import workdirs
 from pipeline.rules import init_from
-from pipeline.recipe import models
+from pipeline import recipe
 
 # Fields that must match for a workdir's checkpoints to be restorable.
 RUN_IDENTITY = ('dataset', 'model', 'image_size')
@@ -215,7 +215,7 @@ def resolve(config, request, hardware=None):
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
       config.image_size**2 * 3)
-  validation.validate(config, hardware.num_replicas, models.MODELS)
+  validation.validate(config, hardware.num_replicas, recipe.choices())
   workdir, resumed = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
   initial_weights = init_from.describe(config.init_from)

@@ -184,7 +184,7 @@ _JAX_TIMEOUT_MARGIN_S = 30
 
 def unsupported_settings(request, environ=os.environ):
   """One line for the first hardware flag or environment setting of
-  `request` (a run.request.Request) that only TensorFlow honours, naming
+  `request` (a rules.request.Request) that only TensorFlow honours, naming
   what JAX takes instead; None if there is none."""
   defaults = type(request)()
   if environ.get('TF_CONFIG'):

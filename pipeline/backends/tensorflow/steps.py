@@ -147,7 +147,7 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
                         check_labels=None, **recipe):
   """Returns train(iterator, num_steps) -> dict of scalars.
 
-  Batches are (images, labels) or data.py's (images, labels, skipped): then
+  Batches are (images, labels) or decode.py's (images, labels, skipped): then
   `skipped_records` sums the records the input skipped. `check_labels`:
   labels -> labels, run on each replica before its step, for an input that
   cannot check them itself (DALI's). `recipe`: the keyword arguments of
@@ -187,7 +187,7 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
       step_losses = step_losses.write(index, loss)
       loss_sum += loss
       correct_sum += strategy.reduce(SUM, correct, axis=None)
-      if len(batch) > 2:  # Records the input skipped (data.py).
+      if len(batch) > 2:  # Records the input skipped (decode.py).
         skipped_sum += strategy.reduce(
             SUM, strategy.run(tf.reduce_sum, args=batch[2:]), axis=None)
       step.assign_add(1)
