@@ -333,7 +333,7 @@ def test_a_record_dali_cannot_decode_stops_the_run_naming_it(digits_dir,
       # Read in order: the damaged record is in the first batch (shuffled,
       # it could wait in the buffer past the run's last step).
       '--config.shuffle_buffer=1', '--config.global_batch_size=16',
-      env=_TENSORFLOW)
+      '--config.model=efficientnet_tiny', env=_TENSORFLOW)
   error = _one_error_line(result)
   assert error.startswith(
       f'error: DALI cannot decode record 2 of {damaged}/train-0 (')
@@ -346,7 +346,8 @@ def test_a_label_out_of_range_stops_a_dali_run_in_one_line(digits_dir,
   # The step checks the labels: DALI's dataset ends its chain.
   result = run_train(*_flags(digits_dir, tmp_path / 'run',
                              '--config.input_pipeline=dali',
-                             '--config.num_classes=5', '--config.epochs=1'),
+                             '--config.num_classes=5', '--config.epochs=1',
+                             '--config.model=efficientnet_tiny'),
                      env=_TENSORFLOW)
   assert re.match(r'error: label [5-9] \(after label_offset=0\) in a record '
                   rf'of {digits_dir}/train-00000-of-00002 \(or 1 other '

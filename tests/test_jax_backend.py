@@ -4,8 +4,9 @@ Runs where requirements-jax-test.txt is installed (CI's third environment,
 with TPU_SKIP_MDS_QUERY=1); skipped in an environment without JAX. Every
 run is a real `python -m launch.train --backend=jax` over two CPU devices:
 the TPU it stands in for cannot exist here. XLA on this CPU compiles B0's
-program for about a minute and trains at about 15 images/s, so each run is
-ten steps of 32 images.
+program for about a minute, so where the network is not what is tested a
+run is B0's code at a tenth of its size (models.efficientnet_tiny), ten
+steps of 32 images.
 
 PIPELINE_TF_PYTHON names a TensorFlow environment's interpreter (CI sets
 it to .venv/bin/python): the JAX run's checkpoint is then evaluated there.
@@ -45,11 +46,11 @@ TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
 
 def _args(workdir, tfds_dir, *extra, devices=2):
   """Ten steps of 32 images over 2 devices, 4 per execution (a short last
-  one), a checkpoint every 4, a moving average. float32 unless a test asks
+  one), a checkpoint every 4, a moving average, the tiny network. float32 unless a test asks
   for another policy (the last --policy wins): `auto` takes mixed_bfloat16
   on a CPU with AMX, and the tolerances across backends are float32's."""
   return ('--backend=jax', f'--num_cpu_devices={devices}', '--policy=float32',
-          f'--workdir={workdir}',
+          f'--workdir={workdir}', '--config.model=efficientnet_tiny',
           f'--config.data_dir={tfds_dir}', '--config.epochs=1',
           '--config.examples_per_epoch=320', '--config.global_batch_size=32',
           '--config.steps_per_execution=4', '--config.log_every_steps=4',
@@ -215,7 +216,7 @@ def test_float16_trains_with_dynamic_loss_scaling_over_two_devices(
   """T4s and V100s (compute capability 7.x) compute in float16: Keras'
   LossScaleOptimizer in the compiled program, its scale and skipped steps
   in the progress lines, TensorBoard and metrics.json as on TensorFlow.
-  Starting at 2**15, B0's first steps overflow and halve it."""
+  Starting at 2**15, the first steps may overflow and halve it."""
   workdir = tmp_path / 'run'
   result = run_train(*_args(workdir, tfds_dir, '--policy=mixed_float16'))
   assert result.returncode == 0, result.stderr[-3000:]
@@ -527,7 +528,7 @@ xla_client._xla.hlo_module_cost_analysis = _unavailable
 '''
 
 
-@pytest.mark.slow  # two backends' compiles: about 4 minutes here
+@pytest.mark.slow  # two backends' compiles
 def test_without_cost_analysis_the_benchmark_prints_every_other_figure(
     tfds_dir, tmp_path):
   """The CPU always has a cost analysis; a GPU's or TPU's plugin may not.
@@ -540,6 +541,7 @@ def test_without_cost_analysis_the_benchmark_prints_every_other_figure(
   result = run_module(
       'launch.benchmark', '--backends=tensorflow,jax',
       f'--config.data_dir={tfds_dir}', '--config.global_batch_size=32',
+      '--config.model=efficientnet_tiny',
       '--config.steps_per_execution=2', '--num_executions=2',
       f'--output={output}', env={'PYTHONPATH': str(tmp_path / 'site')})
   assert result.returncode == 0, result.stderr[-3000:]

@@ -41,7 +41,8 @@ def test_the_colab_notebook_runs_top_to_bottom(tmp_path, tfds_dir):
           IMAGES=str(tmp_path / 'images'),
           TRAIN_FLAGS=(f'--config.data_dir={tfds_dir} '
                        '--config.train_split=train[:128] --config.epochs=1 '
-                       '--config.global_batch_size=32'
+                       '--config.global_batch_size=32 '
+                       '--config.model=efficientnet_tiny'
                        + (' --backend=jax --num_cpu_devices=2' if ON_JAX
                           else ''))))
   with open(executed) as f:
