@@ -161,4 +161,6 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
   finally:
     subprocess.run(['pkill', '-9', '-f', f'launch.train .*{tmp_path}'],
                    check=False)
-    # The followers end once their trainers' statuses are written.
+    # Their followers would wait for a status no killed trainer writes.
+    subprocess.run(['pkill', '-9', '-f', f'launch-pod/{name}.log'],
+                   check=False)
