@@ -99,6 +99,30 @@ def test_nothing_outside_the_backends_asks_which_backend_runs():
   assert not found
 
 
+# Where the values of config.dataset are known; every other module asks a
+# data.kinds.Kind, so a new source touches these two and its own module.
+KNOWS_THE_SOURCES = ('pipeline.data.kinds', 'pipeline.data.sources')
+_ASKS_WHICH_SOURCE = re.compile(
+    r"""(dataset|source\.name)\s*(==|!=|in\b|not in\b)|"""
+    r"""['"](tfrecord|image_folder)['"]\s*(==|!=|in\b)""")
+
+
+def test_nothing_but_the_sources_asks_which_source_runs():
+  found = [f'{module}: {line.strip()}' for module, path in MODULES.items()
+           if module not in KNOWS_THE_SOURCES
+           for line in open(path, encoding='utf-8')
+           if _ASKS_WHICH_SOURCE.search(line)]
+  assert not found
+
+
+@pytest.mark.parametrize('line', [
+    "  if config.dataset == 'tfrecord':",
+    "  if source.name in ('image_folder', 'tfrecord') and",
+    "  if 'image_folder' == config.dataset:"])
+def test_the_source_check_finds_a_comparison(line):
+  assert _ASKS_WHICH_SOURCE.search(line)
+
+
 @pytest.mark.parametrize('module', sorted(MODULES))
 def test_modules_and_functions_stay_readable(module):
   text = open(MODULES[module], encoding='utf-8').read()

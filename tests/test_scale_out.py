@@ -23,6 +23,7 @@ from configs import default
 from pipeline import backends
 from pipeline.backends.tensorflow import devices as tf_devices
 from pipeline.backends.tensorflow import workers as tf_workers
+from pipeline.data import kinds
 from pipeline.rules import hardware
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
@@ -275,9 +276,13 @@ def _config(**fields):
      ["eval_files='/data/eval-*'"]),
     (_config(data_dir='gs://b/tfds', cache='/tmp/cache'), 'gs://b/run',
      ["cache='/tmp/cache'"]),
+    # An image folder's classes, read by the TPU's hosts too.
+    (_config(dataset='image_folder', train_dir='/photos', data_dir='/x'),
+     'gs://b/run', ["train_dir='/photos'"]),
 ])
 def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
-  assert workdirs.remote_tpu_local_paths(config, workdir) == local
+  inputs = kinds.of(config).inputs(config)
+  assert workdirs.remote_tpu_local_paths(config, workdir, inputs) == local
 
 
 def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):

@@ -1,7 +1,8 @@
 """The input: sources and their records, decoding, augmentation, caching.
 
-sources.py (tfds, TFRecord files, the bundled sets photos.py and
-sklearn_digits.py), tfrecords.py (writing and reading records), decode.py
+kinds.py (each value of config.dataset and what a run asks of it),
+sources.py (their loaders: tfds, TFRecord files, image folders, the
+bundled sets photos.py and sklearn_digits.py), tfrecords.py (writing and reading records), decode.py
 (JPEG decoding and crops), augment.py (RandAugment, mixup, CutMix),
 cache.py (what to cache), inputs.py (the tf.data pipelines per input
 context, and the run's batches from either pipeline), data_service.py (a

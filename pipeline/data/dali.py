@@ -28,6 +28,7 @@ from typing import Optional
 from absl import logging
 
 from pipeline.data import dali_index
+from pipeline.data import kinds
 from pipeline.errors import UserError
 from pipeline.storage import user_cache
 
@@ -116,7 +117,7 @@ def saved_rates(gpu_name):
 
 def _refusal(config):
   """Why DALI cannot run `config`, or ''."""
-  if config.dataset != 'tfrecord':
+  if not kinds.of(config).record_files:
     return ('DALI reads TFRecord files: --config.dataset=tfrecord (write '
             'them with launch.make_tfrecords)')
   if config.mixup_alpha or config.cutmix_alpha:

@@ -44,13 +44,9 @@ class Source:
 
 
 def load_source(config):
-  """Finds `config.dataset` (a tfds name, 'tfrecord' or 'image_folder'); a
-  UserError if not."""
-  if config.dataset == 'tfrecord':
-    return _tfrecord_source(config)
-  if config.dataset == 'image_folder':
-    return _image_folder_source(config)
-  return _tfds_source(config)
+  """The Source `config.dataset` names (a tfds name, or a key of
+  data/kinds.py's KINDS); a one-line UserError if it cannot be read."""
+  return _LOADERS.get(config.dataset, _tfds_source)(config)
 
 
 # --- tensorflow-datasets ---------------------------------------------------
@@ -231,3 +227,8 @@ def _image_folder_source(config):
                 len(files['eval']), read,
                 parse=lambda encoded, label, path: (encoded, label, path),
                 class_names=names)
+
+
+# The loader of each non-tfds value of config.dataset (data/kinds.py says
+# what the rest of the run asks of each).
+_LOADERS = {'tfrecord': _tfrecord_source, 'image_folder': _image_folder_source}

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from pipeline.data import dali
 from pipeline.data import inputs
+from pipeline.data import kinds
 from pipeline.run import plan as plan_lib
 from pipeline.data import tfrecords
 from pipeline.reports import peaks
@@ -102,14 +103,14 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
       'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
       'input_images_per_sec_per_core': warm / cores,
   }
-  if source.name == 'tfrecord':
+  if kinds.of(config).record_files:
     # Alternated, as neighbours on a shared machine change both alike.
     logging.info('Ours and the reference preprocessing (tensorflow/tpu) on '
                  'the same files, alternated %d times', _ROUNDS)
     files = tfrecords.list_files(config.train_files)
     # DALI beside them where it is installed, decoding where training would.
     on_gpu = plan.hardware.device_kind == 'GPU'
-    with_dali = dali.installed() and source.name == 'tfrecord'
+    with_dali = dali.installed()
     dali_input = with_dali and dali.train_input(config, source, batch,
                                                 plan.staging_dir)
     ours, reference, dalis = zip(*[

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from pipeline import backends
 from pipeline.data import inputs
+from pipeline.data import kinds
 from pipeline.reports import export
 from pipeline.rules import stopping
 from pipeline.storage import workdirs
@@ -171,8 +172,7 @@ def check_export_name(name):
 
 def split_name(config):
   """A file-name-safe name of the split evaluated."""
-  split = (config.eval_files if config.dataset == 'tfrecord' else
-           config.eval_split or 'held-out')
+  split = kinds.of(config).held_out(config)
   return re.sub(r'[^\w.-]+', '_', split).strip('_') or 'eval'
 
 

@@ -12,6 +12,7 @@ workdir) happen where those are opened, in pipeline/run/plan.py.
 import re
 
 from configs import default
+from pipeline.data import kinds
 from pipeline.errors import UserError
 
 AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
@@ -153,9 +154,7 @@ def _check_cache(config):
 def _check_input(config):
   _check_cache(config)
   _one_of(config, 'augment', AUGMENTATIONS)
-  if config.dataset == 'image_folder' and not 0 < config.eval_fraction < 1:
-    raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1): '
-                    'the share of each class held out for evaluation')
+  kinds.of(config).check(config)
   address = config.data_service
   if address and not _DATA_SERVICE.match(address):
     raise UserError(f'data_service={address!r}; expected grpc://HOST:PORT of '

@@ -17,6 +17,7 @@ from absl import logging
 from pipeline import backends
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
+from pipeline.data import kinds
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.rules import classes
@@ -165,8 +166,8 @@ class Plan:
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
         *([f'Classes: {_names(self.source.class_names)}']
-          if self.source.name in ('image_folder', 'tfrecord') and
-          self.source.class_names else []),
+          if kinds.of(config).names_classes and self.source.class_names
+          else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
         f'cache {self.cache} ({self.cache_reason}); augment '
         f'{config.augment}{_mixing(config)}'
@@ -289,7 +290,8 @@ def _open_workdir(config, request, hardware, backend):
   if request.workdir is None:
     return None, False
   if hardware.tpu_workers_remote:
-    workdirs.check_remote_tpu_paths(config, request.workdir)
+    workdirs.check_remote_tpu_paths(config, request.workdir,
+                                    kinds.of(config).inputs(config))
   workdir = workdirs.Workdir(request.workdir, request.staging_dir,
                             lease_s=request.workdir_lease_s)
   if hardware.is_chief:

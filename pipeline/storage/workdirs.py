@@ -30,32 +30,28 @@ def check_writable(directory, what='workdir'):
                     f'{first_line(e)}')
 
 
-def remote_tpu_local_paths(config, workdir):
+def remote_tpu_local_paths(config, workdir, inputs):
   """The paths a TPU Node could not reach, as 'key=value' strings.
 
   A TPU Node's workers run the input pipeline and the file ops on their own
-  hosts, which see Cloud Storage but none of this machine's files.
+  hosts, which see Cloud Storage but none of this machine's files. `inputs`:
+  {flag: path} the source reads (data.kinds).
   """
-  paths = {'workdir': workdir}
-  if config.dataset == 'tfrecord':
-    paths.update(train_files=config.train_files, eval_files=config.eval_files)
-  else:
-    paths['data_dir'] = config.data_dir  # '' is tfds' local default.
+  paths = {'workdir': workdir, **inputs}  # data_dir '' is tfds' local one.
   if config.cache not in ('memory', ''):
     paths['cache'] = config.cache  # A file cache prefix, written by workers.
   return [f'{key}={value!r}' for key, value in paths.items()
           if not gcs.is_gcs(value)]
 
 
-def check_remote_tpu_paths(config, workdir):
+def check_remote_tpu_paths(config, workdir, inputs):
   """One-line UserError if a TPU Node would be handed a local path."""
-  local = remote_tpu_local_paths(config, workdir)
+  local = remote_tpu_local_paths(config, workdir, inputs)
   if local:
     raise UserError(
         f'a TPU Node\'s workers run on other hosts and read only gs:// paths; '
         f'local here: {", ".join(local)}; use gs://BUCKET/PATH for each '
-        '(--workdir, --config.data_dir, --config.train_files, '
-        '--config.eval_files, --config.cache)')
+        f'(--workdir, --config.{", --config.".join([*inputs, "cache"])})')
 
 
 def write_json(path, obj):
