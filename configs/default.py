@@ -27,6 +27,10 @@ def get_config():
   # without eval_dir, eval_fraction of each class is held out.
   config.train_dir = ''
   config.eval_dir = ''
+  # dataset='csv': a CSV of image paths and labels (data/csv_files.py);
+  # without eval_csv, eval_fraction of its rows are held out.
+  config.train_csv = ''
+  config.eval_csv = ''
   config.eval_fraction = 0.1
   config.num_classes = 0  # tfrecord: needed; image_folder: its folders.
   config.label_offset = 0  # 1 for ImageNet TFRecords, which count from 1.

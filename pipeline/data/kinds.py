@@ -24,10 +24,10 @@ def _held_out_or_eval_split(config):
   return config.eval_split or 'held-out'
 
 
-def _check_image_folder(config):
+def _check_eval_fraction(config):
   if not 0 < config.eval_fraction < 1:
     raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1): '
-                    'the share of each class held out for evaluation')
+                    'the share held out for evaluation')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,11 @@ KINDS = {
     'image_folder': Kind(
         inputs=lambda c: {'train_dir': c.train_dir,
                           **({'eval_dir': c.eval_dir} if c.eval_dir else {})},
-        check=_check_image_folder, names_classes=True),
+        check=_check_eval_fraction, names_classes=True),
+    'csv': Kind(
+        inputs=lambda c: {'train_csv': c.train_csv,
+                          **({'eval_csv': c.eval_csv} if c.eval_csv else {})},
+        check=_check_eval_fraction, names_classes=True),
 }
 # Any other value names a tensorflow-datasets set.
 TFDS = Kind(inputs=lambda c: {'data_dir': c.data_dir})

@@ -1,7 +1,8 @@
-"""Where examples come from: a tensorflow-datasets set, TFRecord files, or
-a folder of class folders (image_folder.py).
+"""Where examples come from: a tensorflow-datasets set, TFRecord files, a
+folder of class folders (image_folder.py) or a CSV of image paths and
+labels (csv_files.py); data/kinds.py says what a run asks of each.
 
-Both sources become a stream of (encoded image, label, origin) records, read
+Every source becomes a stream of (encoded image, label, origin) records, read
 per worker: each worker reads its own files (or, with fewer files than
 workers, its own examples). Decoding is decode.py's, after sharding, so a
 worker never pays to decode another's examples.
@@ -16,6 +17,7 @@ from absl import logging
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from pipeline.data import csv_files
 from pipeline.data import image_folder
 from pipeline.data import sklearn_digits  # pylint: disable=unused-import  (registers the builder)
 from pipeline.data import tfrecords
@@ -229,6 +231,29 @@ def _image_folder_source(config):
                 class_names=names)
 
 
+# --- A CSV of image paths and labels -------------------------------------------
+
+
+def _csv_source(config):
+  if not config.train_csv:
+    raise UserError('dataset=csv needs --config.train_csv=PATH, a CSV of '
+                    'image paths and labels (local or gs://)')
+  names, files, num_classes = csv_files.splits(config)
+  if names and config.num_classes not in (0, len(names)):
+    raise UserError(f'num_classes={config.num_classes}, but the CSV names '
+                    f'{len(names)} classes; leave num_classes at 0 for them')
+  missing = csv_files.missing(files)
+
+  def read(split, input_context, shuffle, seed):
+    return image_folder.read_files(files[split], input_context, shuffle, seed,
+                                   missing)
+
+  return Source('csv', num_classes, len(files['train']), len(files['eval']),
+                read, parse=lambda encoded, label, path: (encoded, label, path),
+                class_names=names)
+
+
 # The loader of each non-tfds value of config.dataset (data/kinds.py says
 # what the rest of the run asks of each).
-_LOADERS = {'tfrecord': _tfrecord_source, 'image_folder': _image_folder_source}
+_LOADERS = {'tfrecord': _tfrecord_source, 'image_folder': _image_folder_source,
+            'csv': _csv_source}
