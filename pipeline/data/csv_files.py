@@ -17,6 +17,7 @@ import csv
 import io
 import os
 import posixpath
+import re
 
 from absl import logging
 
@@ -138,7 +139,7 @@ def _num_classes(config, rows, labels):
 
 
 def _is_integer(text):
-  return text.lstrip('-').isdigit()
+  return re.fullmatch(r'-?\d+', text) is not None
 
 
 def _folder(csv_path):
