@@ -80,8 +80,8 @@ def get_config():
   config.optimizer = 'adamw'  # adamw, sgd (Nesterov), rmsprop.
   config.base_learning_rate = 1e-2
   config.warmup_epochs = 2.0
-  # 'cosine' to 0 at the end, or 'exponential': x lr_decay_rate every
-  # lr_decay_epochs (a staircase), as tensorflow/tpu's EfficientNet.
+  # 'cosine' or 'linear' to 0 at the end, or 'exponential': x lr_decay_rate
+  # every lr_decay_epochs (a staircase), as tensorflow/tpu's EfficientNet.
   config.lr_schedule = 'cosine'
   config.lr_decay_rate = 0.97
   config.lr_decay_epochs = 2.4

@@ -287,3 +287,26 @@ def test_the_warmup_cosine_schedule_is_keras_own_without_its_branch(
   steps = range(warmup_steps + decay_steps + 3)
   np.testing.assert_allclose([float(ours(s)) for s in steps],
                              [float(theirs(s)) for s in steps], atol=1e-7)
+
+
+@pytest.mark.parametrize('warmup_steps, decay_steps', [(5, 20), (0, 10)])
+def test_the_linear_schedule_warms_up_then_falls_straight_to_zero(
+    warmup_steps, decay_steps):
+  """After its warmup, Keras' PolynomialDecay of power 1 to 0."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe import optimizers  # pylint: disable=g-import-not-at-top
+  ours = optimizers.WarmupLinearDecay(0.3, warmup_steps, decay_steps)
+  line = keras.optimizers.schedules.PolynomialDecay(0.3, decay_steps, 0.0)
+  np.testing.assert_allclose(
+      [float(ours(s)) for s in range(warmup_steps)],
+      [0.3 * s / warmup_steps for s in range(warmup_steps)], atol=1e-7)
+  after = range(warmup_steps, warmup_steps + decay_steps + 3)
+  np.testing.assert_allclose([float(ours(s)) for s in after],
+                             [float(line(s - warmup_steps)) for s in after],
+                             atol=1e-7)
+  config = ml_collections.ConfigDict(dict(
+      lr_schedule='linear', warmup_epochs=1.0, lr_decay_epochs=1.0,
+      lr_decay_rate=0.97))
+  made = optimizers.learning_rate_schedule(config, 0.3, 40, 10)
+  assert [round(float(made(s)), 6) for s in (0, 5, 10, 25, 40)] == [
+      0.0, 0.15, 0.3, 0.15, 0.0]

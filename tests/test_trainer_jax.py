@@ -201,7 +201,7 @@ def _host_waits(compiled):
           + [l for l in lines if ' conditional(' in l])
 
 
-@pytest.mark.parametrize('schedule', ['cosine', 'exponential'])
+@pytest.mark.parametrize('schedule', ['cosine', 'exponential', 'linear'])
 def test_a_step_holds_nothing_that_waits_on_the_host(schedule):
   """float16's loss scale, each schedule's warmup, the moving average and
   micro-batches, compiled: no loop of a runtime trip count, no branch

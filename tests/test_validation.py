@@ -61,8 +61,8 @@ def test_no_default_outside_configs_default():
         '/tmp/cache/cachefile')),
     (dict(optimizer='adam'), "unknown optimizer 'adam'; accepted: adamw, sgd, "
      'rmsprop'),
-    (dict(lr_schedule='linear'), "unknown lr_schedule 'linear'; accepted: "
-     'cosine, exponential'),
+    (dict(lr_schedule='step'), "unknown lr_schedule 'step'; accepted: "
+     'cosine, exponential, linear'),
     (dict(ema_decay=1.0), r'ema_decay=1.0 must be in \[0, 1\)'),
     (dict(drop_connect_rate=1.5), r'drop_connect_rate=1.5 must be in \[0, 1\)'),
     (dict(mixup_alpha=-0.1), 'mixup_alpha=-0.1 must be 0 or more'),

@@ -1,8 +1,8 @@
 """The optimizer and learning-rate schedule a config names.
 
 AdamW (the default), SGD with Nesterov momentum, or tensorflow/tpu's
-RMSProp; a linear warmup, then cosine decay to 0 or tensorflow/tpu's
-exponential staircase. Weight decay skips batch-norm parameters and biases.
+RMSProp; a linear warmup, then cosine or linear decay to 0, or
+tensorflow/tpu's exponential staircase. Weight decay skips batch-norm parameters and biases.
 The training step sums gradients across replicas itself, so its optimizer
 is told not to sum them again (take_summed_gradients).
 """
@@ -66,6 +66,27 @@ class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
             'decay_steps': self.decay_steps, 'rate': self.rate}
 
 
+class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+  """Linear warmup from 0 to `peak` over `warmup_steps`, then a straight
+  line to 0 over `decay_steps` (Keras' PolynomialDecay of power 1 after
+  the warmup), 0 after it."""
+
+  def __init__(self, peak, warmup_steps, decay_steps):
+    self.peak, self.warmup_steps = peak, warmup_steps
+    self.decay_steps = decay_steps
+
+  def __call__(self, step):
+    step = ops.cast(step, 'float32')
+    warming = self.peak * step / max(self.warmup_steps, 1)
+    left = 1.0 - ops.minimum(ops.maximum(step - self.warmup_steps, 0.0),
+                             self.decay_steps) / self.decay_steps
+    return ops.where(step < self.warmup_steps, warming, self.peak * left)
+
+  def get_config(self):
+    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
+            'decay_steps': self.decay_steps}
+
+
 # Each schedule and optimizer by its config name: a new one is a function
 # here and a line in its table (validation and the config's docs read the
 # names from these tables, through pipeline/recipe/__init__.py).
@@ -84,7 +105,14 @@ def _exponential(config, peak, warmup_steps, total_steps, steps_per_epoch):
       config.lr_decay_rate)
 
 
-SCHEDULES = {'cosine': _cosine, 'exponential': _exponential}
+def _linear(config, peak, warmup_steps, total_steps, steps_per_epoch):
+  del config, steps_per_epoch
+  return WarmupLinearDecay(peak, warmup_steps,
+                           max(total_steps - warmup_steps, 1))
+
+
+SCHEDULES = {'cosine': _cosine, 'exponential': _exponential,
+             'linear': _linear}
 
 
 def _adamw(config, schedule):
