@@ -116,7 +116,7 @@ def main(argv):
         raise UserError('--save_policy keeps what was measured fastest on a '
                         'GPU model: with --policies, --backends, or '
                         '--input_only (the input pipelines) on a GPU')
-      result = benchmark.run(config, resolved, _EXECUTIONS.value,
+      result = benchmark.run(resolved, _EXECUTIONS.value,
                              _INPUT_ONLY.value, _TARGET.value)
       text = benchmark_report.table(result)
       if _SAVE_POLICY.value:

@@ -76,7 +76,7 @@ def main(argv):
         raise UserError('--export exports one checkpoint: without --follow')
       evaluation.check_export_name(EXPORT.value)
     plan = plan_lib.resolve(config, request)
-    evaluator = evaluation.Evaluator(config, plan, written_as)
+    evaluator = evaluation.Evaluator(plan, written_as)
     if FOLLOW.value:
       reports = evaluator.follow(POLL_S.value, FOLLOW_TIMEOUT_S.value)
       print(f'followed {plan.workdir.url}: evaluated '

@@ -36,7 +36,7 @@ def main(argv):
         workdir_lock.WorkdirLock(plan.workdir).check()
       print('dry run: everything checks out; the run would start')
       return
-    loop.train_and_evaluate(config, plan)
+    loop.train_and_evaluate(plan)
   except UserError as e:
     stopping.exit_with(1, f'error: {e}')
   except Stopped as e:  # SIGTERM or Ctrl-C, its checkpoint committed.

@@ -76,7 +76,7 @@ def _same(arrays, others):
 def test_fine_tuning_from_a_run_freezes_thaws_and_resumes(tmp_path, tfds_dir):
   source_dir, run_dir = str(tmp_path / 'source'), str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=1, ema_decay=0.9, mixup_alpha=0.2)
-  source = loop.train_and_evaluate(config, _plan(config, source_dir))
+  source = loop.train_and_evaluate(_plan(config, source_dir))
   assert source['train_steps'] == 4
   assert source['eval_accuracy_raw'] is not None
   averaged = _backbone(source_dir, 4, averaged=True)
@@ -95,14 +95,14 @@ def test_fine_tuning_from_a_run_freezes_thaws_and_resumes(tmp_path, tfds_dir):
   plan = _plan(config, run_dir)
   assert plan.frozen_steps == 8 and plan.total_steps == 12
   with pytest.raises(_Stop):
-    loop.train_and_evaluate(config, plan, extra_actions=[stop_at_step_4])
+    loop.train_and_evaluate(plan, extra_actions=[stop_at_step_4])
   # The source's moving average arrived, and stays while frozen.
   assert _same(_backbone(run_dir, 2), averaged)
   assert _same(_backbone(run_dir, 4), averaged)
 
   shutil.rmtree(source_dir)  # A resume needs nothing of the source.
   executions.clear()
-  resumed = loop.train_and_evaluate(config, _plan(config, run_dir),
+  resumed = loop.train_and_evaluate(_plan(config, run_dir),
                                      extra_actions=[executions.append])
   assert resumed['initial_step'] == 4
   assert [(e.first_step, e.step) for e in executions] == [
@@ -149,7 +149,7 @@ def test_fine_tuning_beats_training_from_scratch(tmp_path):
   source_dir = str(tmp_path / 'source')
   config = _config('', train_files=files['source'][0],
                    eval_files=files['source'][0], epochs=10, **common)
-  source = loop.train_and_evaluate(config, _plan(config, source_dir))
+  source = loop.train_and_evaluate(_plan(config, source_dir))
   assert source['eval_accuracy'] > 0.8  # It learned digits 0-4.
 
   results = {}
@@ -158,7 +158,7 @@ def test_fine_tuning_beats_training_from_scratch(tmp_path):
                      eval_files=files['held_out'][0], epochs=5,
                      init_from=init_from, **common)
     results[name] = loop.train_and_evaluate(
-        config, _plan(config, str(tmp_path / name)))
+        _plan(config, str(tmp_path / name)))
     assert results[name]['train_steps'] == 25
   print({name: round(r['eval_accuracy'], 4) for name, r in results.items()})
   assert (results['fine-tuned']['eval_accuracy'] >

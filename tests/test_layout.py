@@ -123,6 +123,29 @@ def test_the_source_check_finds_a_comparison(line):
   assert _ASKS_WHICH_SOURCE.search(line)
 
 
+def _takes_config_and_plan(text):
+  return [node.name for node in ast.walk(ast.parse(text))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and {'config', 'plan'} <= {a.arg for a in node.args.args +
+                                     node.args.kwonlyargs}]
+
+
+def test_the_plan_travels_alone():
+  """The plan carries its config: what runs takes the plan, or the config
+  where nothing is resolved yet, never both."""
+  both = [f'{module}: {name}' for module, path in MODULES.items()
+          for name in _takes_config_and_plan(
+              open(path, encoding='utf-8').read())]
+  assert not both
+
+
+def test_the_plan_check_finds_both():
+  assert _takes_config_and_plan(
+      'def f(config, plan):\n  pass\n'
+      'def g(plan, *, config=None):\n  pass\n'
+      'def h(plan, cfg):\n  pass\n') == ['f', 'g']
+
+
 @pytest.mark.parametrize('module', sorted(MODULES))
 def test_modules_and_functions_stay_readable(module):
   text = open(MODULES[module], encoding='utf-8').read()

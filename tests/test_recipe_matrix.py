@@ -98,12 +98,12 @@ def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
   if config.init_from == 'WEIGHTS':
     config.init_from = weights_file
   plan = plan_lib.resolve(config, request_lib.Request(policy=policy))
-  trainer = plan.backend.build_trainer(config, plan)
+  trainer = plan.backend.build_trainer(plan)
   if config.init_from:
     finetune.load_init_from(config, trainer.model, (), '')  # A weights file.
     trainer.read_back()
-  train = iter(inputs.train_batches(config, plan))
-  evaluation = iter(inputs.eval_batches(config, plan))
+  train = iter(inputs.train_batches(plan))
+  evaluation = iter(inputs.eval_batches(plan))
   traced = (_lowered_on_jax if ON_JAX else _traced_on_tensorflow)(
       trainer, train, evaluation)
   assert traced == ['train', 'evaluate'] + (

@@ -158,7 +158,7 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
   plan = plan_lib.resolve(config, request_lib.Request(workdir=workdir),
                           devices.Hardware(tf.distribute.get_strategy(),
                                            'CPU', detail='host CPU'))
-  evaluator = evaluation.Evaluator(config, plan)
+  evaluator = evaluation.Evaluator(plan)
   reports = evaluator.follow(poll_s=0.1, timeout_s=5)
   assert [r['step'] for r in reports] == [16]
   assert os.path.exists(os.path.join(workdir, 'evaluation',

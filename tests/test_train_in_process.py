@@ -90,7 +90,7 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
     if execution.first_step == 44 and executions.count(executions[-1]) == 1:
       execution.outputs['loss'] = math.nan  # An injected fault, once.
 
-  metrics = loop.train_and_evaluate(config, plan,
+  metrics = loop.train_and_evaluate(plan,
                                      extra_actions=[record_and_poison_once])
   assert metrics['eval_accuracy'] > 0.25, metrics['eval_accuracy']
 
@@ -164,12 +164,12 @@ def test_a_run_that_keeps_diverging_stops_after_n_recoveries(tmp_path,
   the run stops in one line, its last checkpoint untouched."""
   workdir = str(tmp_path / 'run')
   config = _config(tfds_dir, epochs=2)
-  loop.train_and_evaluate(config, _plan(config, workdir))
+  loop.train_and_evaluate(_plan(config, workdir))
   config = _config(tfds_dir, epochs=3, base_learning_rate=1e35)
   executions = []
   with pytest.raises(UserError, match=r'training diverged at step 10 \(loss '
                      r'nan\) after 2 recoveries \(recovery_max_trials=2\)'):
-    loop.train_and_evaluate(config, _plan(config, workdir),
+    loop.train_and_evaluate(_plan(config, workdir),
                              extra_actions=[executions.append])
   assert [(e.first_step, e.step) for e in executions] == [(8, 10)] * 3
   state = tf.train.get_checkpoint_state(os.path.join(workdir, 'checkpoints'))

@@ -136,7 +136,7 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
 
   trainer = trainer_lib.Trainer(
       None, None, None, exhausted, exhausted, 10, 0,
-      plan.out_of_memory_message(config))
+      plan.out_of_memory_message())
   with pytest.raises(UserError) as error:
     trainer.train(None, 4)
   assert str(error.value) == (

@@ -99,7 +99,7 @@ class Backend(Protocol):
   def choose_xla(self, requested: str, hardware, policy: str):
     """(on, reason) for --xla=auto|on|off."""
 
-  def build_trainer(self, config, plan) -> Trainer:
+  def build_trainer(self, plan) -> Trainer:
     """Sets the policy and the seed and builds the Trainer."""
 
   def distribute(self, hardware, input_fn: Callable) -> Iterable:

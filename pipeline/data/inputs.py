@@ -23,8 +23,9 @@ from pipeline.data import decode
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-def train_batches(config, plan, service_job='train'):
+def train_batches(plan, service_job='train'):
   """The plan's training batches, through its backend."""
+  config = plan.config
   if plan.input_pipeline == dali.DALI:
     return plan.backend.distribute_dali(plan.hardware, dali.train_input(
         config, plan.source, plan.global_batch_size, plan.staging_dir,
@@ -33,9 +34,10 @@ def train_batches(config, plan, service_job='train'):
       config, plan.source, plan.global_batch_size, plan.cache, service_job))
 
 
-def eval_batches(config, plan):
+def eval_batches(plan):
   """The plan's evaluation batches (eval_steps of them), through its
   backend."""
+  config = plan.config
   if plan.input_pipeline == dali.DALI:
     return plan.backend.distribute_dali(plan.hardware, dali.eval_input(
         config, plan.source, plan.global_batch_size, plan.staging_dir))

@@ -66,8 +66,9 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
   return keras.Model(images, logits, name=name)
 
 
-def model_of_run(config, plan):
+def model_of_run(plan):
   """The run's network (build it inside the strategy's scope on TensorFlow)."""
+  config = plan.config
   return build_model(config.model, plan.source.num_classes, config.image_size,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate)

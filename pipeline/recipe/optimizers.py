@@ -160,9 +160,10 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
   return optimizer
 
 
-def optimizer_of_run(config, plan):
+def optimizer_of_run(plan):
   """The run's optimizer and schedule, wrapped in a LossScaleOptimizer where
   its policy computes in float16 (rules/precision.py)."""
+  config = plan.config
   return precision.wrap_optimizer(
       make_optimizer(config, plan.peak_learning_rate, plan.total_steps,
                      plan.steps_per_epoch),

@@ -76,7 +76,7 @@ def _timed_executions(trainer, iterator, steps_per_execution, executions):
   return compile_s, seconds, wait_s / seconds
 
 
-def run(config, plan, executions, input_only=False, target_images_per_sec=0):
+def run(plan, executions, input_only=False, target_images_per_sec=0):
   """Measures the throughputs; returns the figures as a dict.
 
   The input alone always, with its rate per core, beside the reference
@@ -84,6 +84,7 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
   `target_images_per_sec` (what the accelerators consume); the model on a
   synthetic batch and on the real input unless `input_only`.
   """
+  config = plan.config
   source, batch = plan.source, plan.global_batch_size
   spe = plan.steps_per_execution
   batches = executions * spe
@@ -138,22 +139,22 @@ def run(config, plan, executions, input_only=False, target_images_per_sec=0):
                   cores_for_target=math.ceil(
                       target_images_per_sec / (warm / cores)))
   if not input_only:
-    result.update(_train_throughputs(config, plan, executions))
+    result.update(_train_throughputs(plan, executions))
     result['input_headroom'] = warm / result['train_synthetic_images_per_sec']
   return result
 
 
-def _train_throughputs(config, plan, executions):
+def _train_throughputs(plan, executions):
   """Training on one synthetic batch on the device, then on the real input."""
   batch, spe = plan.global_batch_size, plan.steps_per_execution
-  trainer = plan.backend.build_trainer(config, plan)
+  trainer = plan.backend.build_trainer(plan)
   compile_s, synthetic_rate, synthetic_wait = _synthetic_throughput(
-      config, plan, trainer, executions)
+      plan, trainer, executions)
   logging.info('Training on the real input: %d executions', executions)
-  real_iterator = iter(inputs.train_batches(config, plan))
+  real_iterator = iter(inputs.train_batches(plan))
   _, seconds, real_wait = _timed_executions(trainer, real_iterator, spe,
                                             executions)
-  side_by_side = overlap(config, plan, trainer, executions, synthetic_rate)
+  side_by_side = overlap(plan, trainer, executions, synthetic_rate)
   hardware = plan.hardware
   logging.info("The step's FLOPs and bytes per image (XLA's cost analysis)")
   cost = trainer.step_cost()
@@ -171,8 +172,9 @@ def _train_throughputs(config, plan, executions):
   }
 
 
-def _synthetic_batch(config, plan):
+def _synthetic_batch(plan):
   """One random batch, this host's share of the global batch (numpy)."""
+  config = plan.config
   share = plan.global_batch_size // plan.hardware.num_workers
   size = config.image_size
   rng = np.random.RandomState(0)
@@ -180,19 +182,19 @@ def _synthetic_batch(config, plan):
           rng.randint(0, plan.source.num_classes, share).astype(np.int32))
 
 
-def _synthetic_throughput(config, plan, trainer, executions):
+def _synthetic_throughput(plan, trainer, executions):
   """(compile_s, images/s, input wait) training on one random batch that is
   already on the device: the model's ceiling."""
   batch, spe = plan.global_batch_size, plan.steps_per_execution
   logging.info('Training on a synthetic batch: %d executions', executions)
   iterator = iter(plan.backend.repeated(plan.hardware,
-                                        *_synthetic_batch(config, plan)))
+                                        *_synthetic_batch(plan)))
   compile_s, seconds, wait = _timed_executions(trainer, iterator, spe,
                                                executions)
   return compile_s, batch * spe * executions / seconds, wait
 
 
-def overlap(config, plan, trainer, executions, synthetic_rate):
+def overlap(plan, trainer, executions, synthetic_rate):
   """Input and compute side by side: the synthetic batch handed over late,
   the input alone as slow as the model. A trainer whose input moves while
   the current execution runs takes about the larger of the two (wall /
@@ -202,7 +204,7 @@ def overlap(config, plan, trainer, executions, synthetic_rate):
   logging.info("Training on input slowed to the model's pace (%.0f ms a "
                'batch): %d executions', delay_s * 1e3, executions)
   iterator = iter(plan.backend.repeated(
-      plan.hardware, *_synthetic_batch(config, plan), delay_s=delay_s))
+      plan.hardware, *_synthetic_batch(plan), delay_s=delay_s))
   _, seconds, _ = _timed_executions(trainer, iterator, spe, executions)
   steps = executions * spe
   return {'slow_input_delay_s': delay_s,
@@ -275,7 +277,7 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
       except UserError as e:
         row['skipped'] = str(e)
         continue
-      trainer = run_plan.backend.build_trainer(config, run_plan)
+      trainer = run_plan.backend.build_trainer(run_plan)
       compile_s, rate, _ = _synthetic_throughput(config, run_plan, trainer,
                                                  executions)
       row.update(images_per_sec=rate, compile_s=compile_s)

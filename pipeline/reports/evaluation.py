@@ -65,20 +65,20 @@ class Evaluator:
   `evaluation/` and `tensorboard/evaluator/`.
   """
 
-  def __init__(self, config, plan, written_as=None):
+  def __init__(self, plan, written_as=None):
     """`written_as`: the run's checkpoint format (Backend.checkpoint_format
     of the backend it trained on); this backend's own if None."""
-    self.config, self.plan = config, plan
-    self.trainer = plan.backend.build_trainer(config, plan)
+    self.plan = plan
+    self.trainer = plan.backend.build_trainer(plan)
     trainer = self.trainer
     self.checkpointer = Checkpointer(
-        plan.workdir, config.keep_checkpoints, is_chief=False,
+        plan.workdir, plan.config.keep_checkpoints, is_chief=False,
         if_missing={'ema': lambda path: trainer.ema.reset()},
         files=functools.partial(
             trainer.checkpoint_files,
             written_as=written_as or plan.backend.checkpoint_format))
     batch = plan.global_batch_size
-    self.dataset = inputs.eval_batches(config, plan)
+    self.dataset = inputs.eval_batches(plan)
     self.num_steps = inputs.eval_steps(plan.source, batch)
 
   def evaluate(self, step=None):
@@ -90,7 +90,7 @@ class Evaluator:
                       'yet')
     result = self.trainer.evaluate(self.dataset, self.num_steps)
     report = make_report(result, step, self.plan.source,
-                         split_name(self.config))
+                         split_name(self.plan.config))
     if self.plan.hardware.is_chief:
       write(report, self.plan.workdir)
     return report
@@ -102,7 +102,7 @@ class Evaluator:
     on the other. A name of its own: never the run's `export`, which the
     run that holds the workdir may be writing."""
     check_export_name(name)
-    return export.export_run(self.config, self.plan, self.trainer, name)
+    return export.export_run(self.plan, self.trainer, name)
 
   def follow(self, poll_s, timeout_s, clock=time.monotonic):
     """Evaluates each new committed checkpoint once, until the final step's.

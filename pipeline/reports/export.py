@@ -14,13 +14,14 @@ METADATA = 'metadata.json'
 TFLITE = 'model.tflite'
 
 
-def export_run(config, plan, trainer, name='export'):
+def export_run(plan, trainer, name='export'):
   """The trainer's model (its moving average, if kept) exported into
   `<workdir>/<name>` as export_model writes it; the export's URL."""
+  config = plan.config
   with trainer.exported_weights():
     return export_model(
         trainer.model, plan.workdir, plan.hardware.is_chief,
-        metadata(config, plan), name=name, tflite=config.export_tflite,
+        metadata(plan), name=name, tflite=config.export_tflite,
         io_device=plan.io_device, backend=plan.backend)
 
 
@@ -56,8 +57,9 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   return f'{workdir.url}/{name}'
 
 
-def metadata(config, plan):
+def metadata(plan):
   """What a user of the export needs to know: classes, input, preprocessing."""
+  config = plan.config
   source = plan.source
   return {
       'model': config.model,

@@ -6,13 +6,15 @@ precision policy, XLA and steps per execution (each with its reason), checks
 the config, the workdir and the data, and sizes the run. The result is one
 frozen `Plan`: `run.json` is `Plan.to_json()`, `--dry_run` prints it, and the
 training loop, the benchmark and launch.compare read it rather than choosing
-again.
+again. The plan carries the config it was resolved from, so what runs takes
+the plan alone.
 """
 
 import dataclasses
 from typing import Optional
 
 from absl import logging
+import ml_collections
 
 from pipeline import backends
 from pipeline.data import cache as cache_lib
@@ -38,6 +40,9 @@ RUN_IDENTITY = ('dataset', 'model', 'image_size')
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Everything resolved before training: printed, saved, and used."""
+  # The config it was resolved from; its resolved fields are the plan's.
+  config: ml_collections.ConfigDict = dataclasses.field(compare=False,
+                                                        repr=False)
   hardware: hardware_lib.Hardware
   precision: precision.Precision
   xla: bool
@@ -79,9 +84,9 @@ class Plan:
   def examples_per_epoch(self):
     return self.steps_per_epoch * self.global_batch_size
 
-  def out_of_memory_message(self, config):
+  def out_of_memory_message(self):
     """One line for an accelerator (or host) that ran out of memory."""
-    hardware = self.hardware
+    config, hardware = self.config, self.hardware
     return (f'out of memory on {hardware.device_kind} ({hardware.detail}): '
             f'{config.model} at image_size={config.image_size}, '
             f'{self.source.num_classes} classes, with '
@@ -136,9 +141,9 @@ class Plan:
         'software': hardware_lib.software(),
     }
 
-  def describe(self, config):
+  def describe(self):
     """The plan as the lines a run prints first."""
-    hw, p = self.hardware, self.precision
+    config, hw, p = self.config, self.hardware, self.precision
     return [
         f'Backend: {self.backend.name} ({self.backend_reason})',
         f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
@@ -174,11 +179,12 @@ class Plan:
         + (f'; training input from tf.data service {config.data_service} '
            '(sharding OFF: each worker streams the whole set)'
            if config.data_service else ''),
-        self._recipe(config),
+        self._recipe(),
     ]
 
-  def _recipe(self, config):
+  def _recipe(self):
     """The model and optimisation choices, in one line."""
+    config = self.config
     accumulation = config.gradient_accumulation_steps
     ema_decay = config.ema_decay
     return (
@@ -236,7 +242,7 @@ def resolve(config, request, hardware=None):
                                 source.num_train_examples,
                                 config.global_batch_size)
   plan = Plan(
-      hardware=hardware, precision=resolved_precision, xla=xla,
+      config=config, hardware=hardware, precision=resolved_precision, xla=xla,
       xla_reason=xla_reason, steps_per_execution=steps_per_execution,
       steps_per_execution_reason=steps_reason,
       global_batch_size=config.global_batch_size,
@@ -250,7 +256,7 @@ def resolve(config, request, hardware=None):
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
       initial_weights=initial_weights)
-  for line in plan.describe(config)[1:]:  # The backend's line is out.
+  for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan
 

@@ -1,6 +1,6 @@
 """Train and evaluate one resolved run, top to bottom.
 
-train_and_evaluate(config, plan) builds the model on the plan's backend,
+train_and_evaluate(plan) builds the model on the plan's backend,
 restores the newest checkpoint, runs compiled multi-step executions and
 hands each to the periodic actions (progress, checkpoints, evaluation,
 preemption), then evaluates, exports and writes metrics.json.
@@ -25,7 +25,7 @@ from pipeline.storage import workdir_lock
 from pipeline.storage.checkpoint import Checkpointer
 
 
-def train_and_evaluate(config, plan, extra_actions=()):
+def train_and_evaluate(plan, extra_actions=()):
   """Trains to the plan's last step, resuming from the workdir; returns metrics.
 
   `extra_actions` run before the built-in ones at every execution boundary
@@ -40,7 +40,7 @@ def train_and_evaluate(config, plan, extra_actions=()):
     log_file = console.log_to_file(workdir.path(console.LOG_FILE))
   try:
     return _train_and_evaluate(
-        config, plan, [*extra_actions, *([_still_held(hold)] if hold else [])])
+        plan, [*extra_actions, *([_still_held(hold)] if hold else [])])
   finally:
     console.stop_logging_to(log_file)
     if log_file:
@@ -54,24 +54,25 @@ def _still_held(hold):
   return lambda execution: hold.raise_if_lost()
 
 
-def _train_and_evaluate(config, plan, extra_actions):
+def _train_and_evaluate(plan, extra_actions):
+  config = plan.config
   hardware, workdir = plan.hardware, plan.workdir
   if hardware.is_chief:
     workdir.write_json('run.json', {'resolved': plan.to_json(),
                                     'config': config.to_dict()})
-  trainer = plan.backend.build_trainer(config, plan)
+  trainer = plan.backend.build_trainer(plan)
   # Before restoring: the seed's weights, equal across policies and batches.
   initial_weights_sha256 = trainer.weights_sha256()
-  checkpointer, keep_best = _checkpointers(config, plan, trainer)
-  initial_step = _restore_or_initialize(config, plan, trainer, checkpointer)
+  checkpointer, keep_best = _checkpointers(plan, trainer)
+  initial_step = _restore_or_initialize(plan, trainer, checkpointer)
 
   backend, batch = plan.backend, plan.global_batch_size
-  train_data = inputs.train_batches(config, plan,
+  train_data = inputs.train_batches(plan,
                                     service_job=f'train:{workdir.url}')
-  eval_data = inputs.eval_batches(config, plan)
+  eval_data = inputs.eval_batches(plan)
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
-  _write_plan_text(config, plan, train_writer, initial_step)
+  _write_plan_text(plan, train_writer, initial_step)
   progress = progress_lib.ReportProgress(
       trainer, plan, config.log_every_steps, train_writer,
       mixed_labels=bool(config.mixup_alpha or config.cutmix_alpha))
@@ -110,14 +111,14 @@ def _train_and_evaluate(config, plan, extra_actions):
       profile.close()
 
   result = metrics.run_metrics(
-      config, plan, trainer, progress, final_eval, initial_step=initial_step,
+      plan, trainer, progress, final_eval, initial_step=initial_step,
       initial_weights_sha256=initial_weights_sha256,
       checkpoint_blocked_s=checkpointer.blocked_s,
-      export_dir=export.export_run(config, plan, trainer))
+      export_dir=export.export_run(plan, trainer))
   if keep_best:  # Last: it loads the best weights into the model.
     keep_best.checkpointer.restore_latest()
     result.update(keep_best.metrics(), best_export_dir=export.export_run(
-        config, plan, trainer, 'export_best'))
+        plan, trainer, 'export_best'))
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')
@@ -126,9 +127,10 @@ def _train_and_evaluate(config, plan, extra_actions):
   return result
 
 
-def _checkpointers(config, plan, trainer):
+def _checkpointers(plan, trainer):
   """The run's checkpoint series, and KeepBest's (None without
   keep_best_metric)."""
+  config = plan.config
   hardware, workdir = plan.hardware, plan.workdir
 
   def start_average_here(path):
@@ -149,10 +151,11 @@ def _checkpointers(config, plan, trainer):
   return checkpointer_of('checkpoints', config.keep_checkpoints), keep_best
 
 
-def _restore_or_initialize(config, plan, trainer, checkpointer):
+def _restore_or_initialize(plan, trainer, checkpointer):
   """Restores the newest checkpoint; a run that starts at step 0 loads
   init_from's weights instead (a resumed run keeps its own weights).
   Returns the step the run starts at."""
+  config = plan.config
   checkpointer.restore_latest()
   initial_step = trainer.step
   if initial_step:
@@ -167,12 +170,13 @@ def _restore_or_initialize(config, plan, trainer, checkpointer):
   return initial_step
 
 
-def _write_plan_text(config, plan, writer, step):
+def _write_plan_text(plan, writer, step):
   """The plan and config as TensorBoard text, so overlaid runs can be told
   apart (the Text tab)."""
+  config = plan.config
   with writer.as_default(step=step):
     tf.summary.text('plan', '\n'.join(f'- {line}'
-                                       for line in plan.describe(config)))
+                                       for line in plan.describe()))
     tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
                     '\n```')
 

@@ -63,9 +63,9 @@ class JaxBackend:
                       '--backend=tensorflow to train without it')
     return True, 'JAX compiles every program with XLA'
 
-  def build_trainer(self, config, plan):
+  def build_trainer(self, plan):
     from pipeline.backends.jax import trainer  # pylint: disable=g-import-not-at-top
-    return trainer.build(config, plan)
+    return trainer.build(plan)
 
   def distribute(self, hardware, input_fn):
     from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top

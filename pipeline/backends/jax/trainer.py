@@ -238,8 +238,9 @@ def _state_of(model, optimizer, step_variables, ema, strategy):
       [v.value for v in ema.variables.values] if ema else None)
 
 
-def build(config, plan):
+def build(plan):
   """Sets the policy and seed, builds the model and the two programs."""
+  config = plan.config
   if plan.frozen_steps and plan.precision.loss_scaling:
     raise UserError(f'freeze_backbone_epochs with --policy={plan.policy} '
                     'runs on --backend=tensorflow; on JAX use '
@@ -248,8 +249,8 @@ def build(config, plan):
   num_classes = plan.source.num_classes
   precision.apply(plan.precision)
   keras.utils.set_random_seed(config.seed)
-  model = models.model_of_run(config, plan)
-  optimizer = optimizers.optimizer_of_run(config, plan)
+  model = models.model_of_run(plan)
+  optimizer = optimizers.optimizer_of_run(plan)
   optimizer.build(model.trainable_variables)
   step_variables = checkpoint_files.Variables('step', shapes=[()],
                                               dtype='int32')
@@ -265,7 +266,7 @@ def build(config, plan):
                           ema),
       programs.eval_program(model, num_classes, strategy),
       num_classes, config.label_offset,
-      plan.out_of_memory_message(config), ema=ema,
+      plan.out_of_memory_message(), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
       accumulation=config.gradient_accumulation_steps,
       frozen_steps=plan.frozen_steps,

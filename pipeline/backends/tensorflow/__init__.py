@@ -51,9 +51,9 @@ class TensorFlowBackend:
     from pipeline.backends.tensorflow import xla  # pylint: disable=g-import-not-at-top
     return xla.choose_xla(requested, hardware, policy)
 
-  def build_trainer(self, config, plan):
+  def build_trainer(self, plan):
     from pipeline.backends.tensorflow import trainer  # pylint: disable=g-import-not-at-top
-    return trainer.build(config, plan)
+    return trainer.build(plan)
 
   def distribute(self, hardware, input_fn):
     return hardware.strategy.distribute_datasets_from_function(input_fn)

@@ -1,7 +1,7 @@
 """The Trainer on TensorFlow: model, optimizer and compiled multi-step
 functions, built inside the run's strategy.
 
-`build(config, plan)` applies the precision policy and the seed, builds
+`build(plan)` applies the precision policy and the seed, builds
 everything in the strategy scope and compiles the multi-step functions
 (steps.py); each call turns the errors a user can act on into one line.
 """
@@ -167,15 +167,16 @@ class Trainer:
       raise
 
 
-def build(config, plan):
+def build(plan):
   """Sets the policy and seed, then builds everything in the strategy scope."""
   try:
-    return _build(config, plan)
+    return _build(plan)
   except tf.errors.ResourceExhaustedError:
-    raise UserError(plan.out_of_memory_message(config)) from None
+    raise UserError(plan.out_of_memory_message()) from None
 
 
-def _build(config, plan):
+def _build(plan):
+  config = plan.config
   hardware = plan.hardware
   strategy = hardware.strategy
   num_classes = plan.source.num_classes
@@ -186,8 +187,8 @@ def _build(config, plan):
                  graph_rewrite.enable_graph_rewrite(hardware.device_kind))
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
-    model = models.model_of_run(config, plan)
-    optimizer = optimizers.optimizer_of_run(config, plan)
+    model = models.model_of_run(plan)
+    optimizer = optimizers.optimizer_of_run(plan)
     # Built now, so a checkpoint restores into existing slots (the frozen
     # backbone's too: they wait, unchanged, for the whole-model phase).
     optimizer.build(model.trainable_variables)
@@ -196,7 +197,7 @@ def _build(config, plan):
     ema = (ema_lib.MovingAverage(model, config.ema_decay)
            if config.ema_decay else None)
 
-  train_checks, eval_checks = _input_checks(config, plan)
+  train_checks, eval_checks = _input_checks(plan)
 
   def train_function():
     return steps.make_train_function(
@@ -211,20 +212,21 @@ def _build(config, plan):
                                      **eval_checks)
   return Trainer(model, optimizer, step, train_function(), eval_fn,
                  num_classes, config.label_offset,
-                 plan.out_of_memory_message(config), ema=ema,
+                 plan.out_of_memory_message(), ema=ema,
                  frozen_steps=plan.frozen_steps,
                  frozen_train_fn=(train_function() if plan.frozen_steps
                                   else None),
                  input_files=(dali.input_files(config)
                               if plan.input_pipeline == dali.DALI else ()),
-                 cost=lambda: step_cost(config, plan),
+                 cost=lambda: step_cost(plan),
                  io_device=plan.io_device)
 
 
-def _input_checks(config, plan):
+def _input_checks(plan):
   """The keyword arguments of the train and eval functions for what the
   input cannot do itself: DALI's datasets end at the DALIDataset, so its
   labels are checked and evaluation's weights made in the steps."""
+  config = plan.config
   if plan.input_pipeline != dali.DALI:
     return {}, {}
   num_classes = plan.source.num_classes
@@ -237,15 +239,16 @@ def _input_checks(config, plan):
                plan.global_batch_size)})
 
 
-def step_cost(config, plan):
+def step_cost(plan):
   """The Trainer's step_cost: one replica's forward and backward pass (the
   step's own gradient function) as XLA sees it before optimising
   (backends/hlo_cost.py), on a model and optimizer built again outside
   the strategy, whose variables live on one device (the run's may be
   mirrored over several)."""
+  config = plan.config
   micro_batch = plan.per_replica_batch_size // config.gradient_accumulation_steps
-  model = models.model_of_run(config, plan)
-  optimizer = optimizers.optimizer_of_run(config, plan)
+  model = models.model_of_run(plan)
+  optimizer = optimizers.optimizer_of_run(plan)
   optimizer.build(model.trainable_variables)  # A loss scale's variables.
   gradients = steps.gradient_function(
       model, optimizer, plan.global_batch_size, plan.source.num_classes,
