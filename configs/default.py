@@ -108,12 +108,12 @@ def get_config():
 
   # Execution. Steps per compiled call: fewer host round trips. 0 picks one
   # for the device: 100 on TPU, 8 on CPU and GPU, fewer where 1 GiB of
-  # staged input per device holds fewer (pipeline/rules/schedule.py).
+  # staged input per device holds fewer (pipeline/rules/speed/schedule.py).
   config.steps_per_execution = 0
   # Where XLA's compiled programs are kept across runs: '' a per-user folder
   # on a GPU or TPU (off on a CPU), 'off', or a local folder (any device).
   # Read as TensorFlow loads, so give it on the command line
-  # (pipeline/rules/compile_cache.py).
+  # (pipeline/rules/speed/compile_cache.py).
   config.compile_cache_dir = ''
   config.log_every_steps = 50
   config.checkpoint_every_steps = 200

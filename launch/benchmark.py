@@ -60,9 +60,9 @@ _POLICIES = cli.define_policy_list(
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'With --policies on a GPU: keep the fastest policy '
     'for this GPU model and software, so --policy=auto takes it there '
-    '(pipeline/rules/saved_policy.py). With --backends=tensorflow,jax: keep '
-    'the faster backend and its policy, so --backend=auto takes them '
-    '(pipeline/rules/measured.py). With --input_only on TFRecord files: '
+    '(pipeline/rules/speed/saved_policy.py). With '
+    '--backends=tensorflow,jax: keep the faster backend and its policy, so '
+    '--backend=auto takes them (pipeline/rules/speed/measured.py). With --input_only on TFRecord files: '
     'keep tf.data\'s and DALI\'s images/s, so --config.input_pipeline=auto '
     'takes the faster (pipeline/data/dali.py).')
 _XLA_SETTINGS = flags.DEFINE_list(

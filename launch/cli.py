@@ -17,11 +17,11 @@ from ml_collections import config_flags
 import tensorflow as tf
 
 from pipeline import backends
-from pipeline.rules import precision
-from pipeline.rules import validation
+from pipeline.rules.speed import precision
+from pipeline.rules.config import validation
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.rules import request as request_lib
+from pipeline.rules.config import request as request_lib
 
 
 def _config_path(argv):

@@ -26,7 +26,7 @@ import tensorflow as tf
 from launch import cli
 from pipeline.reports import compare
 from pipeline.run import console
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 from pipeline.errors import Stopped
 from pipeline.errors import UserError
 

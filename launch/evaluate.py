@@ -31,7 +31,7 @@ from ml_collections import config_flags
 
 from launch import cli
 from pipeline.run import console
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 from pipeline.reports import evaluation
 from pipeline.run import plan as plan_lib
 from pipeline.errors import Stopped

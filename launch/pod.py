@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 
 stopping.install()
 

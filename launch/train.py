@@ -16,7 +16,7 @@ from absl import app
 
 from launch import cli
 from pipeline.run import console
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 from pipeline.run import plan as plan_lib
 from pipeline.training import loop
 from pipeline.storage import workdir_lock

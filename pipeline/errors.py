@@ -3,8 +3,8 @@
 UserError is a mistake the user can fix (a bad flag, config value, path or
 environment): one line and exit status 1. Stopped is a stop that was asked
 for (SIGTERM, Ctrl-C) and handled: a checkpoint was committed, one line and
-exit status 128 + the signal's number (pipeline/rules/stopping.py). Anything else
-is a bug and keeps its traceback.
+exit status 128 + the signal's number (pipeline/rules/machine/stopping.py).
+Anything else is a bug and keeps its traceback.
 """
 
 import re

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_module
 from pipeline import backends
-from pipeline.rules import measured
+from pipeline.rules.speed import measured
 from pipeline.errors import UserError
 
 T4 = 'Tesla T4'

@@ -250,7 +250,7 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
   from absl import logging  # pylint: disable=g-import-not-at-top
   from pipeline.training import actions  # pylint: disable=g-import-not-at-top
   from pipeline.training import preemption as preemption_lib  # pylint: disable=g-import-not-at-top
-  from pipeline.rules import stopping  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.machine import stopping  # pylint: disable=g-import-not-at-top
 
   workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(1.0)

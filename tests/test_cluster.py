@@ -1,7 +1,7 @@
 """Which engine started a process, read from the variables each one sets
-(pipeline/rules/cluster.py): pure functions, so every engine is covered here,
-Kubernetes and Open MPI included, which cannot run on this machine. The
-engines that can run here start real processes in tests/test_slurm.py and
+(pipeline/rules/machine/cluster.py): pure functions, so every engine is
+covered here, Kubernetes and Open MPI included, which cannot run on this
+machine. The engines that can run here start real processes in tests/test_slurm.py and
 tests/test_jax_backend.py."""
 
 import os
@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.rules import cluster as cluster_lib
-from pipeline.rules import placement
+from pipeline.rules.machine import cluster as cluster_lib
+from pipeline.rules.machine import placement
 
 # What `srun -N 2 -n 4` sets in its last task (Slurm 22.05, block layout).
 SLURM = {'SLURM_JOB_ID': '4101', 'SLURM_STEP_NODELIST': 'gpu[07-08]',

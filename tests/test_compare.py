@@ -18,7 +18,7 @@ from conftest import tiny_args
 from pipeline.reports import compare
 from pipeline.reports import compare_report
 from pipeline.errors import UserError
-from pipeline.rules import schedule
+from pipeline.rules.speed import schedule
 
 
 def run_compare(*args, timeout=600):

@@ -18,7 +18,7 @@ from conftest import tiny_args
 from pipeline.backends.tensorflow import compile_cache as tf_compile_cache
 from pipeline import backends
 from pipeline.errors import UserError
-from pipeline.rules import compile_cache
+from pipeline.rules.speed import compile_cache
 from pipeline.run import environment
 
 # A process that prepares as a launcher does (the project's own code), then

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 from pipeline import recipe
 from pipeline.recipe import models
-from pipeline.rules import validation
+from pipeline.rules.config import validation
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in
                  glob.glob(os.path.join(REPO, 'configs', '*.py'))

@@ -209,7 +209,7 @@ def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   assert result.returncode == 0, result.stderr[-2000:]
   expected = normal(sample.strip().splitlines())
   assert len(expected) == 10 and expected[0].startswith('Backend: tensorflow')
-  from pipeline.rules import precision  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.speed import precision  # pylint: disable=g-import-not-at-top
   if precision.cpu_has_amx():
     amx = re.search(r'the precision line reads `(Precision: [^`]*)`',
                     ' '.join(readme.split()))

@@ -17,7 +17,7 @@ from configs import default
 from pipeline.data import inputs
 from pipeline.data import decode
 from pipeline.data import cache
-from pipeline.rules import validation
+from pipeline.rules.config import validation
 from pipeline.data import sources
 from pipeline.data import tfrecords
 from pipeline.errors import UserError

@@ -21,12 +21,12 @@ import pytest
 import tensorflow as tf
 
 from configs import default
-from pipeline.rules import hardware as devices
+from pipeline.rules.machine import hardware as devices
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.recipe import models
 from pipeline.run import plan as plan_lib
 from pipeline.training import loop
-from pipeline.rules import request as request_lib
+from pipeline.rules.config import request as request_lib
 
 
 class _Stop(Exception):

@@ -39,7 +39,7 @@ from conftest import wait_until_gone
 jax = pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
                           'environment (requirements-jax-test.txt)')
 
-from pipeline.rules import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.rules.machine import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TF_PYTHON = os.environ.get('PIPELINE_TF_PYTHON')
 

@@ -228,8 +228,9 @@ def test_the_backends_package_loads_without_tensorflow_jax_or_keras():
   import sys  # pylint: disable=g-import-not-at-top
   loaded = subprocess.run(
       [sys.executable, '-c',
-       'import sys\nfrom pipeline import backends\nfrom pipeline.rules import '
-       'compile_cache\nfor name in backends.BACKENDS[1:]:\n'
+       'import sys\nfrom pipeline import backends\n'
+       'from pipeline.rules.speed import compile_cache\n'
+       'for name in backends.BACKENDS[1:]:\n'
        '  backends.load(name).software()\n'
        "print(sorted({m.split('.')[0] for m in sys.modules} & "
        "{'tensorflow', 'jax', 'keras'}))"],
@@ -273,10 +274,10 @@ def test_every_import_points_down_the_floors():
 
 def test_the_floor_check_finds_a_climb():
   import pipeline  # pylint: disable=g-import-not-at-top
-  graph = {'pipeline.rules.precision': {'pipeline.recipe.optimizers'},
-           'pipeline.recipe.optimizers': {'pipeline.rules.precision'}}
+  graph = {'pipeline.rules.speed.precision': {'pipeline.recipe.optimizers'},
+           'pipeline.recipe.optimizers': {'pipeline.rules.speed.precision'}}
   assert _climbs(graph, pipeline.FLOORS) == [
-      'pipeline.rules.precision imports pipeline.recipe.optimizers']
+      'pipeline.rules.speed.precision imports pipeline.recipe.optimizers']
 
 
 def _check_members(protocol, implementations):

@@ -13,12 +13,12 @@ import pytest
 from conftest import REPO
 from pipeline import backends
 from pipeline.backends.tensorflow import xla as tf_xla
-from pipeline.rules import compile_cache
-from pipeline.rules import request as request_lib
+from pipeline.rules.speed import compile_cache
+from pipeline.rules.config import request as request_lib
 from pipeline.recipe import models
 from pipeline.run import plan
-from pipeline.rules import precision
-from pipeline.rules import saved_policy
+from pipeline.rules.speed import precision
+from pipeline.rules.speed import saved_policy
 from pipeline.errors import UserError
 
 
@@ -117,7 +117,7 @@ environment.prepare(['probe', '--policy=rewrite'])  # Before TF loads.
 import keras, numpy as np, tensorflow as tf
 from tensorflow.python.eager import context
 from pipeline.backends.tensorflow import graph_rewrite, steps
-from pipeline.rules import precision
+from pipeline.rules.speed import precision
 
 def run_and_list_dtypes():
   keras.utils.set_random_seed(0)

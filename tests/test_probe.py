@@ -25,7 +25,7 @@ COMPUTE_PATH = (
     'pipeline.backends.hlo_cost',
     'pipeline.recipe.models', 'pipeline.recipe.optimizers',
     'pipeline.recipe.objective', 'pipeline.recipe.moving_average',
-    'pipeline.rules.precision', 'pipeline.rules.schedule')
+    'pipeline.rules.speed.precision', 'pipeline.rules.speed.schedule')
 
 _WITHOUT_TENSORFLOW = '''
 import importlib, importlib.abc, os, sys

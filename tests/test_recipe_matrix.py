@@ -28,7 +28,7 @@ import pytest
 from configs import default
 from pipeline.data import inputs
 from pipeline.run import plan as plan_lib
-from pipeline.rules import request as request_lib
+from pipeline.rules.config import request as request_lib
 from pipeline.training import finetune
 
 ON_JAX = keras.backend.backend() == 'jax'

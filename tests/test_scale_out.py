@@ -24,12 +24,12 @@ from pipeline import backends
 from pipeline.backends.tensorflow import devices as tf_devices
 from pipeline.backends.tensorflow import workers as tf_workers
 from pipeline.data import kinds
-from pipeline.rules import hardware
+from pipeline.rules.machine import hardware
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
-from pipeline.rules import request as request_lib
-from pipeline.rules import schedule
+from pipeline.rules.config import request as request_lib
+from pipeline.rules.speed import schedule
 
 
 # 75 s: the slow tier, beside the two-worker SIGTERM test; the fast suite

@@ -228,8 +228,8 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
 
 
 _SHARE = (
-    'import os; from pipeline.rules import cluster, hardware as h, placement '
-    'as p; found = cluster.from_environment(os.environ); print(os.environ['
+    'import os; from pipeline.rules.machine import cluster, hardware as h, '
+    'placement as p; found = cluster.from_environment(os.environ); print(os.environ['
     '"SLURMD_NODENAME"], p.share_line(found, p.gpu_share(found, '
     'h.visible_gpu_count(), h.visible_gpus_named()), os.environ))')
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline.rules import precision
+from pipeline.rules.speed import precision
 from pipeline.backends.tensorflow import steps
 from conftest import xla_on_cpu
 

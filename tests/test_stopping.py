@@ -21,7 +21,7 @@ from conftest import console_filter_of
 from conftest import signal_once_it_prints
 from conftest import tiny_args
 from conftest import wait_until_gone
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 
 # A progress line: training is under way (the first follows the compile).
 _PROGRESS = '(epoch '

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline.errors import UserError
-from pipeline.rules import request as request_lib
+from pipeline.rules.config import request as request_lib
 
 from conftest import REPO, check_exports_agree, run_module, run_train
 from conftest import tiny_args, tree_digest
@@ -142,7 +142,7 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
   checkpoint (files of step 20, not in the state file): only the committed
   final checkpoint is evaluated, once, and following stops there."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from pipeline.rules import hardware as devices  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.machine import hardware as devices  # pylint: disable=g-import-not-at-top
   from pipeline.reports import evaluation  # pylint: disable=g-import-not-at-top
   from pipeline.run import plan as plan_lib  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')

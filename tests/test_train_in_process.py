@@ -21,12 +21,12 @@ import tensorflow as tf
 from conftest import check_tflite_agrees_with_the_saved_model
 from configs import default
 from pipeline.reports import compare_report
-from pipeline.rules import hardware as devices
+from pipeline.rules.machine import hardware as devices
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
 from pipeline.training import loop
 from pipeline.errors import UserError
-from pipeline.rules import request as request_lib
+from pipeline.rules.config import request as request_lib
 
 
 def _config(tfds_dir, **fields):

@@ -12,7 +12,7 @@ import os
 
 from conftest import run_train
 from conftest import tree_digest
-from pipeline.rules import request as request_lib
+from pipeline.rules.config import request as request_lib
 
 
 def _cases(root, tfds_dir):
@@ -119,7 +119,7 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, tfds_dir):
   import pytest  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
-  from pipeline.rules import hardware as devices  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.machine import hardware as devices  # pylint: disable=g-import-not-at-top
   from pipeline.run import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from pipeline.backends.tensorflow import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top

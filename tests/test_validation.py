@@ -17,7 +17,7 @@ from conftest import REPO
 from conftest import run_module
 from pipeline.reports import evaluation
 from pipeline import recipe
-from pipeline.rules import validation
+from pipeline.rules.config import validation
 from pipeline.errors import UserError
 
 

@@ -28,13 +28,13 @@ import importlib
 import os
 
 from pipeline.errors import UserError
-from pipeline.rules import measured
+from pipeline.rules.speed import measured
 # What this machine has, read without loading TensorFlow or JAX; the
 # backends call them as backends.installed(...) and so on.
-from pipeline.rules.probes import gpu_models  # pylint: disable=unused-import
-from pipeline.rules.probes import installed
-from pipeline.rules.probes import jax_installed
-from pipeline.rules.probes import tpu_attached
+from pipeline.rules.machine.probes import gpu_models  # pylint: disable=unused-import
+from pipeline.rules.machine.probes import installed
+from pipeline.rules.machine.probes import jax_installed
+from pipeline.rules.machine.probes import tpu_attached
 
 BACKENDS = ('auto', 'tensorflow', 'jax')
 JAX_REQUIREMENTS = 'requirements-jax.txt'

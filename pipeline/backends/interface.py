@@ -81,16 +81,16 @@ class Backend(Protocol):
 
   def compile_cache(self, setting: str, environ: dict, gpus: list,
                     accelerator: bool, versions: str):
-    """rules.compile_cache.Settings for compile_cache_dir=`setting`, before
-    TensorFlow or JAX load (`environ` is not changed here)."""
+    """rules.speed.compile_cache.Settings for compile_cache_dir=`setting`,
+    before TensorFlow or JAX load (`environ` is not changed here)."""
 
   def check_compile_cache(self, directory: str) -> None:
     """Readies the cache folder before TensorFlow or JAX load (sets aside
     entries that would fail the run)."""
 
   def resolve_hardware(self, request):
-    """The rules.hardware.Hardware of this process for a rules.request.Request,
-    or a one-line UserError."""
+    """The rules.machine.hardware.Hardware of this process for a
+    rules.config.request.Request, or a one-line UserError."""
 
   def policy(self, requested: str, policy: str, reason: str):
     """(policy, reason): the shared rule's choice, adjusted to what this

@@ -10,8 +10,8 @@ traces it too. Imports pipeline.errors and rules/ only.
 
 def choices():
   """{config key: the names it accepts} for the recipe's named parts, for
-  rules/validation.py (which cannot import this floor): a model, optimizer
-  or schedule added to its module's table is accepted from then on."""
+  rules/config/validation.py (which cannot import this floor): a model,
+  optimizer or schedule added to its module's table is accepted from then on."""
   # Here, not at the top: `import pipeline.recipe.x` need not build these.
   from pipeline.recipe import models, optimizers  # pylint: disable=g-import-not-at-top
   return {'model': tuple(models.MODELS),

@@ -12,7 +12,7 @@ import math
 import keras
 from keras import ops
 
-from pipeline.rules import precision
+from pipeline.rules.speed import precision
 
 
 # The schedules run inside the compiled step of either backend, in keras.ops
@@ -162,7 +162,7 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
 
 def optimizer_of_run(plan):
   """The run's optimizer and schedule, wrapped in a LossScaleOptimizer where
-  its policy computes in float16 (rules/precision.py)."""
+  its policy computes in float16 (rules/speed/precision.py)."""
   config = plan.config
   return precision.wrap_optimizer(
       make_optimizer(config, plan.peak_learning_rate, plan.total_steps,

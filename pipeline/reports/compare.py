@@ -15,12 +15,12 @@ import sys
 import time
 
 from pipeline.reports import compare_report
-from pipeline.rules import precision
+from pipeline.rules.speed import precision
 from pipeline.data import sources
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
-from pipeline.rules import schedule
+from pipeline.rules.speed import schedule
 
 def parse_seeds(text, default_seed):
   """Seeds from a comma list of integers; '' means [default_seed]."""

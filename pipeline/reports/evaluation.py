@@ -22,9 +22,9 @@ from pipeline import backends
 from pipeline.data import inputs
 from pipeline.data import kinds
 from pipeline.reports import export
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 from pipeline.storage import workdirs
-from pipeline.rules import validation
+from pipeline.rules.config import validation
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.errors import UserError
 

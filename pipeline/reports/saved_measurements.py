@@ -1,11 +1,11 @@
 """launch.benchmark --save_policy: keeps what was measured on this GPU
-model where `--policy=auto` (rules/saved_policy.py) and `--backend=auto`
-(rules/measured.py) read it."""
+model where `--policy=auto` (rules/speed/saved_policy.py) and `--backend=auto`
+(rules/speed/measured.py) read it."""
 
 from pipeline import backends
 from pipeline.errors import UserError
-from pipeline.rules import measured
-from pipeline.rules import saved_policy
+from pipeline.rules.speed import measured
+from pipeline.rules.speed import saved_policy
 
 
 def save_sweep(sweep):

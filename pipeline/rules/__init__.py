@@ -1,14 +1,17 @@
-"""The rules every layer decides by, below the trainers that follow them.
+"""The rules every layer decides by, below the trainers that follow them,
+in three topics:
 
-request.py (what the flags asked for), hardware.py (the Hardware a backend
-finds, and the GPU checks), cluster.py (who started the hosts),
-placement.py (each process's GPUs, its host's reachable address),
-probes.py (what this machine has, read without loading a framework),
-precision.py (the policy rule), schedule.py (steps per execution and per
-epoch), stopping.py (SIGTERM and Ctrl-C), validation.py (the config's
-values), init_from.py (what a fine-tuning source may be), classes.py (a
-run's class names against the data's), compile_cache.py (where compiled
-programs are kept), saved_policy.py and measured.py (what the user
-measured on a GPU model).
+machine/ what this process runs on and beside: what the machine has, read
+  without loading a framework (probes), the Hardware a backend finds
+  (hardware), who started the hosts (cluster), each process's GPUs and
+  reachable address (placement), SIGTERM and Ctrl-C (stopping).
+speed/ the choices that make it fast: the precision policy (precision),
+  what the user measured on a GPU model (saved_policy, measured), where
+  compiled programs are kept (compile_cache), steps per execution and per
+  epoch (schedule).
+config/ what was asked and whether it can run: the flags (request), the
+  config's values (validation), what a fine-tuning source may be
+  (init_from), a run's class names against the data's (classes).
+
 Imports pipeline.errors and storage/ only.
 """

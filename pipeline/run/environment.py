@@ -14,8 +14,8 @@ import sys
 import threading
 
 from pipeline import backends
-from pipeline.rules import compile_cache
-from pipeline.rules import stopping
+from pipeline.rules.speed import compile_cache
+from pipeline.rules.machine import stopping
 from pipeline.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,7 +53,7 @@ QUIET = re.compile('|'.join([
     # XLA's GPU autotuner, timing kernels on a busy GPU.
     r'cuda_timer\.cc:\d+\] Delay kernel timed out',
     # TensorFlow tries text before binary when it loads a compiled program
-    # from the compile cache (pipeline/rules/compile_cache.py).
+    # from the compile cache (pipeline/rules/speed/compile_cache.py).
     r'text_format\.cc:\d+\] Error parsing text-format '
     r'tensorflow\.XlaSerializedCacheEntry',
     # A damaged or odd image: TensorFlow's JPEG decoder, and libjpeg's and
@@ -85,7 +85,8 @@ def requested_policy(argv):
 def prepare(argv):
   """Sets TensorFlow's and Keras' load-time switches for the run `argv`
   asks for; a one-line exit for a backend that cannot run. From here on,
-  SIGTERM and Ctrl-C end the process in one line (pipeline/rules/stopping.py)."""
+  SIGTERM and Ctrl-C end the process in one line
+  (pipeline/rules/machine/stopping.py)."""
   stopping.install()
   try:
     backends.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))

@@ -22,15 +22,15 @@ from pipeline.data import dali
 from pipeline.data import kinds
 from pipeline.data import sources
 from pipeline.errors import UserError
-from pipeline.rules import classes
-from pipeline.rules import compile_cache as compile_cache_lib
-from pipeline.rules import hardware as hardware_lib
-from pipeline.rules import precision
-from pipeline.rules import saved_policy
-from pipeline.rules import schedule
-from pipeline.rules import validation
+from pipeline.rules.config import classes
+from pipeline.rules.speed import compile_cache as compile_cache_lib
+from pipeline.rules.machine import hardware as hardware_lib
+from pipeline.rules.speed import precision
+from pipeline.rules.speed import saved_policy
+from pipeline.rules.speed import schedule
+from pipeline.rules.config import validation
 from pipeline.storage import workdirs
-from pipeline.rules import init_from
+from pipeline.rules.config import init_from
 from pipeline import recipe
 
 # Fields that must match for a workdir's checkpoints to be restorable.

@@ -15,7 +15,7 @@ asleep, Cloud Shell reconnecting) is no failed trainer. The launcher
 follows again from where it was; where it cannot reconnect it says the
 trainers still run and how to follow them, and stops nothing.
 
-The workers join each other themselves (pipeline/rules/cluster.py): JAX
+The workers join each other themselves (pipeline/rules/machine/cluster.py): JAX
 reads the slice's hosts from the TPU VM's metadata.
 
 Importable without TensorFlow: it only runs gcloud.
@@ -32,7 +32,7 @@ import threading
 import time
 
 from pipeline.errors import UserError
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 
 # What marks the trainers launch.pod starts, so that ending earlier runs
 # ends theirs and nothing else on the worker: a variable naming the slice.

@@ -29,8 +29,8 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.rules import init_from as init_from_lib
-from pipeline.rules import validation
+from pipeline.rules.config import init_from as init_from_lib
+from pipeline.rules.config import validation
 from pipeline.storage import checkpoint_files
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.recipe import models

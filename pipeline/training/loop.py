@@ -19,8 +19,8 @@ from pipeline.training import finetune
 from pipeline.reports import metrics
 from pipeline.training import preemption as preemption_lib
 from pipeline.training import progress as progress_lib
-from pipeline.rules import stopping
-from pipeline.rules import validation
+from pipeline.rules.machine import stopping
+from pipeline.rules.config import validation
 from pipeline.storage import workdir_lock
 from pipeline.storage.checkpoint import Checkpointer
 

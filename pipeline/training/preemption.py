@@ -1,4 +1,4 @@
-"""A stop request (SIGTERM, Ctrl-C: pipeline/rules/stopping.py) turned into a
+"""A stop request (SIGTERM, Ctrl-C: rules/machine/stopping.py) turned into a
 checkpoint and a stop at the next execution boundary.
 
 SaveOnStop is a periodic action (pipeline/training/actions.py has the interface).
@@ -12,7 +12,7 @@ from absl import logging
 import numpy as np
 
 from pipeline.run import console
-from pipeline.rules import stopping
+from pipeline.rules.machine import stopping
 
 # The order of the all-reduced request counts.
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)

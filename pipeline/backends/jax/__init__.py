@@ -13,7 +13,7 @@ import time
 
 from pipeline import backends
 from pipeline.errors import UserError
-from pipeline.rules import compile_cache as compile_cache_lib
+from pipeline.rules.speed import compile_cache as compile_cache_lib
 
 JAX_CACHE_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
 

@@ -2,8 +2,8 @@
 
 One process per host, or per GPU. On several hosts `jax.distributed`
 joins them first, through the engine that started them (Slurm, a TPU pod
-slice, Kubernetes: pipeline/rules/cluster.py). The model is replicated on
-every device of every host and each global batch is split along its first
+slice, Kubernetes: pipeline/rules/machine/cluster.py). The model is
+replicated on every device of every host and each global batch is split along its first
 axis over them (Keras calls this DataParallel); each host's tf.data
 pipeline reads its own shard of the records and feeds its own devices.
 """
@@ -24,10 +24,10 @@ from pipeline.backends.jax.mesh import DataParallel
 from pipeline.data import dali
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.rules import cluster as cluster_lib
-from pipeline.rules import placement
-from pipeline.rules import hardware as hardware_lib
-from pipeline.rules import stopping
+from pipeline.rules.machine import cluster as cluster_lib
+from pipeline.rules.machine import placement
+from pipeline.rules.machine import hardware as hardware_lib
+from pipeline.rules.machine import stopping
 
 _KINDS = {'tpu': 'TPU', 'gpu': 'GPU', 'cuda': 'GPU', 'rocm': 'GPU',
           'cpu': 'CPU'}
@@ -94,7 +94,7 @@ def leave_room_for_dali(input_pipeline, environ=os.environ):
 
 def _join_hosts(found, gpus):
   """Joins this process to the other hosts of its run, where there are any,
-  before any device is used (pipeline/rules/cluster.py says who started
+  before any device is used (pipeline/rules/machine/cluster.py says who started
   them); the Cluster, or None for a process alone.
 
   Where JAX knows the engine (Slurm, Open MPI, GKE's TPU hosts) it reads
@@ -184,8 +184,8 @@ _JAX_TIMEOUT_MARGIN_S = 30
 
 def unsupported_settings(request, environ=os.environ):
   """One line for the first hardware flag or environment setting of
-  `request` (a rules.request.Request) that only TensorFlow honours, naming
-  what JAX takes instead; None if there is none."""
+  `request` (a rules.config.request.Request) that only TensorFlow honours,
+  naming what JAX takes instead; None if there is none."""
   defaults = type(request)()
   if environ.get('TF_CONFIG'):
     return ('TF_CONFIG joins TensorFlow workers; on the JAX backend hosts '
@@ -246,7 +246,7 @@ def resolve(request):
   if cluster:
     _joined_by.append(cluster.joined_by())
   # jax.distributed's preemption notifier has just taken SIGTERM in native
-  # code: SIGTERM and Ctrl-C are the run's own (pipeline/rules/stopping.py).
+  # code: SIGTERM and Ctrl-C are the run's own (rules/machine/stopping.py).
   stopping.reclaim()
   found = jax.devices()
   if request.gpus:

@@ -13,8 +13,8 @@ from pipeline.backends.jax import staging as staging_lib
 from pipeline.backends.jax.programs import on_host
 from pipeline.recipe import models
 from pipeline.recipe import optimizers
-from pipeline.rules import precision
-from pipeline.rules import schedule
+from pipeline.rules.speed import precision
+from pipeline.rules.speed import schedule
 
 
 def make_optimizer(config, policy):

@@ -33,8 +33,8 @@ from pipeline.backends.jax import staging as staging_lib
 from pipeline.backends.jax.programs import on_host
 from pipeline.data import decode
 from pipeline.errors import UserError
-from pipeline.rules import precision
-from pipeline.rules import schedule
+from pipeline.rules.speed import precision
+from pipeline.rules.speed import schedule
 from pipeline.storage import checkpoint_files
 from pipeline.recipe import models
 from pipeline.recipe import moving_average

@@ -16,8 +16,8 @@ from google.protobuf import empty_pb2
 from google.protobuf import text_format
 from google.protobuf import unknown_fields
 
-from pipeline.rules import compile_cache
-from pipeline.rules.compile_cache import Settings
+from pipeline.rules.speed import compile_cache
+from pipeline.rules.speed.compile_cache import Settings
 
 TF_FLAG = '--tf_xla_persistent_cache_directory'
 AUTOTUNE_FLAG = '--xla_gpu_per_fusion_autotune_cache_dir'

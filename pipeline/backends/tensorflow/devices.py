@@ -20,10 +20,10 @@ from pipeline.backends.tensorflow import tpu_runtime
 from pipeline.backends.tensorflow import workers
 from pipeline.data import dali
 from pipeline.errors import UserError
-from pipeline.rules import cluster as cluster_lib
-from pipeline.rules import placement
-from pipeline.rules import hardware as hardware_lib
-from pipeline.rules.hardware import Hardware
+from pipeline.rules.machine import cluster as cluster_lib
+from pipeline.rules.machine import placement
+from pipeline.rules.machine import hardware as hardware_lib
+from pipeline.rules.machine.hardware import Hardware
 
 _STRATEGY_NAMES = (
     (tf.distribute.MultiWorkerMirroredStrategy, 'MultiWorkerMirroredStrategy'),

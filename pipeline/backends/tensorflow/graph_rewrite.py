@@ -1,11 +1,11 @@
 """--policy=rewrite: TensorFlow's automatic mixed precision, a grappler pass
-over the compiled graph (rules/precision.py holds what it computes in)."""
+over the compiled graph (rules/speed/precision.py holds what it computes in)."""
 
 import tensorflow as tf
 
 from pipeline.errors import UserError
-from pipeline.rules.precision import REWRITE_OPTIONS
-from pipeline.rules.precision import graph_rewrite_dtype
+from pipeline.rules.speed.precision import REWRITE_OPTIONS
+from pipeline.rules.speed.precision import graph_rewrite_dtype
 
 
 def onednn_enabled():

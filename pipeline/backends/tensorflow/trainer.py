@@ -26,7 +26,7 @@ from pipeline.data import dali
 from pipeline.data import decode
 from pipeline.data import tfrecords
 from pipeline.errors import UserError
-from pipeline.rules import precision
+from pipeline.rules.speed import precision
 from pipeline.storage import checkpoint_files
 from pipeline.recipe import models
 from pipeline.recipe import optimizers

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from pipeline.errors import UserError
 from pipeline.errors import first_line
-from pipeline.rules import stopping
-from pipeline.rules.hardware import Hardware
+from pipeline.rules.machine import stopping
+from pipeline.rules.machine.hardware import Hardware
 
 COLLECTIVES = {
     'auto': tf.distribute.experimental.CommunicationImplementation.AUTO,

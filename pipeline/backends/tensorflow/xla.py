@@ -4,8 +4,8 @@ from absl import logging
 
 from pipeline import backends
 from pipeline.backends.tensorflow import devices
-from pipeline.rules import precision
-from pipeline.rules import saved_policy
+from pipeline.rules.speed import precision
+from pipeline.rules.speed import saved_policy
 
 
 def choose_xla(requested, hardware, policy=None, tensorflow_version=None,

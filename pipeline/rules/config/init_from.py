@@ -8,7 +8,7 @@ import re
 import tensorflow as tf
 
 from pipeline.errors import UserError
-from pipeline.rules import classes
+from pipeline.rules.config import classes
 from pipeline.storage import workdirs
 
 WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')

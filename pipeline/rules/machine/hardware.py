@@ -12,7 +12,7 @@ import re
 import subprocess
 from typing import Optional
 
-from pipeline.rules.probes import installed
+from pipeline.rules.machine.probes import installed
 from pipeline.errors import UserError
 
 
@@ -30,7 +30,7 @@ class Hardware:
   gpu_name: Optional[str] = None  # The model, e.g. 'NVIDIA H100 80GB HBM3'.
   detail: str = ''
   # The engine that joined this process to the others of its run, where
-  # there are any ('Slurm (job 7)': pipeline/rules/cluster.py).
+  # there are any ('Slurm (job 7)': pipeline/rules/machine/cluster.py).
   cluster: str = ''
   # The GPUs this process takes of those its host shows it, and why
   # (cluster.share_line); '' without any.
