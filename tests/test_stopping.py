@@ -34,11 +34,16 @@ def _start(module, *args):
       process_group=0)
 
 
+# Runs that a test stops: 8,000 steps of the tiny network, some minutes
+# here, so a signal sent after the first progress line always lands mid-run
+# (480 steps took 12 s: under CI's load a run once ended before its Ctrl-C).
+LONG_RUN_STEPS = 8000
+_LONG_RUN = f'--config.epochs={LONG_RUN_STEPS // 8}'  # 8 steps an epoch.
+
+
 def _start_train(workdir, tfds_dir):
-  # 480 steps: far more than a phase of the test trains.
   return _start('launch.train', *tiny_args(
-      workdir, tfds_dir, '--config.epochs=60',
-      '--config.checkpoint_every_steps=1000'))
+      workdir, tfds_dir, _LONG_RUN, '--config.checkpoint_every_steps=1000'))
 
 
 def _finish(process, head, console_filter):
@@ -87,7 +92,7 @@ def test_a_run_stops_and_resumes_however_it_is_stopped(tmp_path, tfds_dir):
   head = signal_once_it_prints(run, _PROGRESS, signal.SIGINT, group=True)
   code, output = _finish(run, head, console_filter)
   assert code == 130, output[-3000:]
-  assert f'Resuming at step {first} of 480' in output
+  assert f'Resuming at step {first} of {LONG_RUN_STEPS}' in output
   second = _step(r'WARNING: Ctrl-C: saving a checkpoint at step (\d+); '
                  r'Ctrl-C again to stop now\n', output)
   assert second > first
@@ -113,7 +118,7 @@ def test_a_run_stops_and_resumes_however_it_is_stopped(tmp_path, tfds_dir):
   run = _start_train(workdir, tfds_dir)
   console_filter = console_filter_of(run)
   head = _read_until(run, _PROGRESS)
-  assert f'Resuming at step {last} of 480' in head
+  assert f'Resuming at step {last} of {LONG_RUN_STEPS}' in head
   os.kill(console_filter, signal.SIGKILL)
   head += signal_once_it_prints(run, _PROGRESS, signal.SIGTERM, group=True)
   code, output = _finish(run, head, console_filter)
@@ -174,7 +179,7 @@ def test_ctrl_c_stops_a_comparison_and_its_run(tmp_path, tfds_dir):
   saves and stops, and the comparison says what finished."""
   root = tmp_path / 'compare'
   compare = _start('launch.compare', '--policies=float32,mixed_bfloat16',
-                   *tiny_args(str(root), tfds_dir, '--config.epochs=60')[1:],
+                   *tiny_args(str(root), tfds_dir, _LONG_RUN)[1:],
                    f'--workdir={root}')
   log = root / 'float32' / 'train.log'
   deadline = time.time() + 300
@@ -208,7 +213,7 @@ def test_interrupting_the_notebook_cell_stops_its_run_with_a_checkpoint(
       run(sys.argv[1])
   ''')
   command = ' '.join(['launch.train', *tiny_args(
-      str(tmp_path / 'run'), tfds_dir, '--config.epochs=60')])
+      str(tmp_path / 'run'), tfds_dir, _LONG_RUN)])
   kernel = subprocess.Popen([sys.executable, '-c', kernel_code, command],
                             cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
