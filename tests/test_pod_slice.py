@@ -143,10 +143,10 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
   try:
     result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
                                 for i in range(2)],
-                     # 8,000 steps: still training when the launcher
+                     # 2,000 steps: still training when the launcher
                      # gives up, however loaded the machine; killed below.
                      tiny_args(str(tmp_path / 'run'), tfds_dir,
-                               '--config.epochs=1000'),
+                               '--config.epochs=250'),
                      '--reconnect_wait_s=0.5', name=name, drops='1')
     assert result.returncode == 255, result.stdout[-3000:] + result.stderr
     assert ('worker 1: the connection dropped (ssh exit 255); following its '
