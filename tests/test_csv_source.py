@@ -162,6 +162,19 @@ def test_a_malformed_csv_is_one_line_naming_the_row(text, message, tmp_path):
   assert str(raised.value).startswith(message.format(csv=path)), raised.value
 
 
+def test_an_eval_csv_of_files_none_of_which_is_there_is_one_line(digits):
+  root, rows = digits
+  eval_csv = _write_csv(root / 'gone.csv', [('gone/a.png', 'one'),
+                                            ('gone/b.png', 'two')])
+  with pytest.raises(UserError) as raised:
+    sources.load_source(_config(
+        train_csv=str(_write_csv(root / 'all.csv', rows)),
+        eval_csv=str(eval_csv)))
+  assert str(raised.value) == (
+      f'none of the 2 eval file(s) the CSV names is there, e.g. '
+      f'{root}/gone/a.png')
+
+
 @pytest.mark.parametrize('flags, message', [
     ([], 'error: dataset=csv needs --config.train_csv=PATH, a CSV of image '
      'paths and labels (local or gs://)'),

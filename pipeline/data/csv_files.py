@@ -20,6 +20,7 @@ import posixpath
 import re
 
 from absl import logging
+import tensorflow as tf
 
 from pipeline.data import image_folder
 from pipeline.errors import UserError
@@ -58,15 +59,37 @@ def splits(config):
 
 
 def missing(files):
-  """The local files of `files` that are not there, the first named once.
-  (A gs:// file is not looked up one by one: a missing one is passed over,
-  as an image folder's file deleted after its listing.)"""
-  gone = sorted({path for part in files.values() for path, _ in part
-                 if not gcs.is_gcs(path) and not os.path.exists(path)})
+  """The local files of `files` that are not there, the first named once;
+  one line for a split none of whose files is there. (A gs:// file is not
+  looked up one by one: a missing one is passed over, as an image folder's
+  file deleted after its listing.)"""
+  gone = {path for part in files.values() for path, _ in part
+          if not gcs.is_gcs(path) and not os.path.exists(path)}
+  for split, part in files.items():
+    if part and all(path in gone for path, _ in part):
+      raise UserError(f'none of the {len(part)} {split} file(s) the CSV '
+                      f'names is there, e.g. {part[0][0]}')
   if gone:
     logging.warning('%d file(s) the CSV names are missing, e.g. %s: each is '
-                    'skipped and counted', len(gone), gone[0])
+                    'skipped and counted', len(gone), min(gone))
   return gone
+
+
+def read_files(files, missing, input_context, shuffle, seed):
+  """(bytes, label, path) records as image_folder.read_files' of the files
+  that are there, then one without bytes for each of `missing` (this
+  pipeline's share; a training run's shuffle mixes them in), which fails
+  to decode and so is skipped, counted and named like a damaged file."""
+  gone = set(missing)
+  present = [(path, label) for path, label in files if path not in gone]
+  absent = [(path, label) for path, label in files if path in gone]
+  records = image_folder.read_files(present, input_context, shuffle, seed)
+  if not absent:
+    return records
+  paths, labels = zip(*absent)
+  return records.concatenate(tf.data.Dataset.from_tensor_slices(
+      ([b''] * len(paths), list(labels), list(paths))).shard(
+          input_context.num_input_pipelines, input_context.input_pipeline_id))
 
 
 def _rows(csv_path):

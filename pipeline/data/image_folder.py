@@ -137,11 +137,10 @@ def splits(config):
   return names, parts
 
 
-def read_files(files, input_context, shuffle, seed, missing=()):
+def read_files(files, input_context, shuffle, seed):
   """(bytes, label, path) records of this pipeline's share of `files`,
   sharded before anything is read. A file gone since it was listed is
-  passed over; one that does not decode is skipped, counted and named later,
-  and so is each of `missing` (paths known absent: no bytes)."""
+  passed over; one that does not decode is skipped, counted and named later."""
   paths, labels = zip(*files)
   dataset = tf.data.Dataset.from_tensor_slices(
       (list(paths), list(labels))).shard(
@@ -150,10 +149,6 @@ def read_files(files, input_context, shuffle, seed, missing=()):
     dataset = dataset.shuffle(len(paths), seed=seed,
                               reshuffle_each_iteration=True)
   read = _reader(paths)
-  if missing:
-    present, absent = read, tf.constant(list(missing))
-    read = lambda path: tf.cond(tf.reduce_any(tf.equal(path, absent)),
-                                lambda: tf.constant(b''), lambda: present(path))
   return dataset.map(lambda path, label: (read(path), label, path),
                      num_parallel_calls=tf.data.AUTOTUNE,
                      deterministic=not shuffle or seed is not None

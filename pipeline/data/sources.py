@@ -245,8 +245,8 @@ def _csv_source(config):
   missing = csv_files.missing(files)
 
   def read(split, input_context, shuffle, seed):
-    return image_folder.read_files(files[split], input_context, shuffle, seed,
-                                   missing)
+    return csv_files.read_files(files[split], missing, input_context, shuffle,
+                                seed)
 
   return Source('csv', num_classes, len(files['train']), len(files['eval']),
                 read, parse=lambda encoded, label, path: (encoded, label, path),
