@@ -267,10 +267,11 @@ def test_a_jax_gpu_gives_the_precision_rule_its_compute_capability(
 def test_float16_with_a_frozen_backbone_is_one_line_before_anything_is_built():
   """stateless_apply would move the frozen backbone's optimizer slots."""
   plan = types.SimpleNamespace(
+      config=None,  # None: it stops before reading one.
       frozen_steps=5, policy='mixed_float16',
       precision=types.SimpleNamespace(loss_scaling=True))
   with pytest.raises(UserError) as raised:
-    trainer_jax.build(None, plan)  # No config: it stops before reading one.
+    trainer_jax.build(plan)
   assert str(raised.value) == (
       'freeze_backbone_epochs with --policy=mixed_float16 runs on '
       '--backend=tensorflow; on JAX use mixed_bfloat16 or float32 for '
