@@ -278,7 +278,7 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
         row['skipped'] = str(e)
         continue
       trainer = run_plan.backend.build_trainer(run_plan)
-      compile_s, rate, _ = _synthetic_throughput(config, run_plan, trainer,
+      compile_s, rate, _ = _synthetic_throughput(run_plan, trainer,
                                                  executions)
       row.update(images_per_sec=rate, compile_s=compile_s)
   measured = [r for r in rows if 'images_per_sec' in r]
