@@ -35,8 +35,12 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
     warming = self.peak * step / max(self.warmup_steps, 1)
     done = ops.minimum(ops.maximum(step - self.warmup_steps, 0.0),
                        self.decay_steps) / self.decay_steps
-    decayed = self.peak * 0.5 * (1.0 + ops.cos(math.pi * done))
-    return ops.where(step < self.warmup_steps, warming, decayed)
+    return ops.where(step < self.warmup_steps, warming,
+                     self.peak * self._left(done))
+
+  def _left(self, done):
+    """The fraction of the peak left when `done` of the decay is done."""
+    return 0.5 * (1.0 + ops.cos(math.pi * done))
 
   def get_config(self):
     return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
@@ -66,25 +70,13 @@ class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
             'decay_steps': self.decay_steps, 'rate': self.rate}
 
 
-class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+class WarmupLinearDecay(WarmupCosineDecay):
   """Linear warmup from 0 to `peak` over `warmup_steps`, then a straight
   line to 0 over `decay_steps` (Keras' PolynomialDecay of power 1 after
   the warmup), 0 after it."""
 
-  def __init__(self, peak, warmup_steps, decay_steps):
-    self.peak, self.warmup_steps = peak, warmup_steps
-    self.decay_steps = decay_steps
-
-  def __call__(self, step):
-    step = ops.cast(step, 'float32')
-    warming = self.peak * step / max(self.warmup_steps, 1)
-    left = 1.0 - ops.minimum(ops.maximum(step - self.warmup_steps, 0.0),
-                             self.decay_steps) / self.decay_steps
-    return ops.where(step < self.warmup_steps, warming, self.peak * left)
-
-  def get_config(self):
-    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
-            'decay_steps': self.decay_steps}
+  def _left(self, done):
+    return 1.0 - done
 
 
 # Each schedule and optimizer by its config name: a new one is a function
