@@ -176,20 +176,22 @@ def test_missing_split_is_a_user_error(tfds_dir):
     sources.load_source(_config(data_dir=tfds_dir, eval_split='validation'))
 
 
-def test_records_that_cannot_be_decoded_are_counted_and_named(capfd):
+@pytest.mark.parametrize('passes', [2, None], ids=['finite', 'endless'])
+def test_records_that_cannot_be_decoded_are_counted_and_named(capfd, passes):
   """Each gap is named by the first record decoded after it: a lone bad
   record, two in a row, and a run longer than the names each record keeps;
-  on the stream's next passes they are counted again, not named again."""
+  on the stream's next passes they are counted again, not named again. An
+  endless stream (training uncached) takes another path: no end marker."""
   good = _encode(np.zeros((8, 8, 3), np.uint8), 'PNG')
   kinds = 'gbgbbg' + 'b' * 12 + 'g'
   records = tf.data.Dataset.from_tensor_slices((
       [good if kind == 'g' else b'not an image' for kind in kinds],
-      [0] * len(kinds), [f'f{i}' for i in range(len(kinds))])).repeat(2)
+      [0] * len(kinds), [f'f{i}' for i in range(len(kinds))])).repeat(passes)
   decoded = decode.decoded_records(
       records, lambda encoded, label, origin: (encoded, label, origin),
       lambda encoded: tf.io.decode_png(encoded, 3), (8, 8, 3), 10)
-  assert [int(s) for _, _, s in decoded.as_numpy_iterator()] == [0, 1, 2,
-                                                                  12] * 2
+  assert [int(s) for _, _, s in decoded.take(8).as_numpy_iterator()] == [
+      0, 1, 2, 12] * 2
   named = [line for line in capfd.readouterr().err.splitlines()
            if line.startswith(decode.SKIPPED_LINE)]
   assert named == [decode.SKIPPED_LINE + names for names in (
