@@ -204,8 +204,8 @@ def decoded_records(records, parse, decode, image_shape, num_classes):
       return (tf.ensure_shape(decode(encoded), image_shape),
               tf.cast(label, tf.int64), origin)
     def marker():
-      return (tf.zeros([1 if d is None else d for d in image_shape],
-                       tf.uint8), tf.constant(0, tf.int64), tf.constant(''))
+      return (_placeholder(image_shape), tf.constant(0, tf.int64),
+              tf.constant(''))
     return (index, end, *(real() if endless else tf.cond(end, marker, real)),
             recent)
 
@@ -271,13 +271,18 @@ def _counted(decoded, endless, image_shape, num_classes):
   start = (tf.constant(-1, tf.int64), tf.zeros([0], tf.string))
   if endless:
     return decoded.scan(start, each)
-  empty = (tf.zeros([1 if d is None else d for d in image_shape], tf.uint8),
-           tf.constant(0, tf.int64))
+  empty = (_placeholder(image_shape), tf.constant(0, tf.int64))
   return decoded.scan((*start, empty, tf.constant(0, tf.int64)),
                       one_behind).filter(
                           lambda held, image, label, skipped: held).map(
                               lambda held, image, label, skipped:
                               (image, label, skipped))
+
+
+def _placeholder(image_shape):
+  """A zero image of `image_shape` (1 where a side is unknown), which never
+  goes out as an example."""
+  return tf.zeros([1 if d is None else d for d in image_shape], tf.uint8)
 
 
 def _end_marker(records):
