@@ -69,6 +69,13 @@ def get_config():
   config.drop_connect_rate = 0.2
   # 0.99 (keras.applications') lags too far behind in a run of minutes.
   config.batch_norm_momentum = 0.9
+  # The form of two layers, the same weights either way
+  # (pipeline/recipe/layers.py): batch norm 'one_pass' (statistics in one
+  # pass, a written-out gradient: fewer reads of each activation) or 'keras'
+  # (keras.applications' own); squeeze-and-excite's 1x1 convolutions on a
+  # 1x1 map as 'matmul' (matrix products) or 'conv' (convolutions).
+  config.batch_norm = 'one_pass'
+  config.squeeze_excite = 'matmul'
 
   # Optimisation. The peak rate is base_learning_rate * global_batch / 256.
   config.global_batch_size = 64

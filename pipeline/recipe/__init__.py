@@ -13,7 +13,9 @@ def choices():
   rules/config/validation.py (which cannot import this floor): a model,
   optimizer or schedule added to its module's table is accepted from then on."""
   # Here, not at the top: `import pipeline.recipe.x` need not build these.
-  from pipeline.recipe import models, optimizers  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe import layers, models, optimizers  # pylint: disable=g-import-not-at-top
   return {'model': tuple(models.MODELS),
+          'batch_norm': tuple(layers.BATCH_NORMS),
+          'squeeze_excite': tuple(layers.SQUEEZE_EXCITES),
           'optimizer': tuple(optimizers.OPTIMIZERS),
           'lr_schedule': tuple(optimizers.SCHEDULES)}

@@ -13,6 +13,8 @@ import keras
 # coefficients than B0-B7's.
 from keras.src.applications import efficientnet
 
+from pipeline.recipe import layers
+
 
 def efficientnet_tiny(weights=None, **kwargs):
   """B0's blocks at a quarter of its width and a tenth of its depth (one
@@ -41,7 +43,7 @@ BUILT_DROP_CONNECT_RATE = 0.2
 
 def build_model(name, num_classes, image_size, dropout_rate=0.2,
                 batch_norm_momentum=0.99, drop_connect_rate=0.2,
-                weights=None):
+                weights=None, batch_norm='keras', squeeze_excite='conv'):
   """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits.
 
   keras.applications fixes batch-norm momentum at 0.99, tuned for hundreds of
@@ -50,12 +52,15 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
 
   `weights`: None (random), 'imagenet' (Keras downloads its published
   headless weights) or a local weights file of the same headless network.
+  `batch_norm`, `squeeze_excite`: the forms of those layers (layers.py;
+  'keras' and 'conv' are keras.applications' own).
   """
   images = keras.Input((image_size, image_size, 3), dtype='uint8', name='image')
   # Rescaling(1) only casts uint8 to the policy's compute dtype on the device.
   x = keras.layers.Rescaling(1.0, name='to_float')(images)
   network = MODELS[name](include_top=False, weights=weights, pooling='avg',
                          input_shape=(image_size, image_size, 3))
+  network = layers.swap(network, batch_norm, squeeze_excite)
   set_drop_connect_rate(network, drop_connect_rate)
   for layer in network.layers:
     if isinstance(layer, keras.layers.BatchNormalization):
@@ -71,7 +76,8 @@ def model_of_run(plan):
   config = plan.config
   return build_model(config.model, plan.source.num_classes, config.image_size,
                      config.dropout_rate, config.batch_norm_momentum,
-                     config.drop_connect_rate)
+                     config.drop_connect_rate, batch_norm=config.batch_norm,
+                     squeeze_excite=config.squeeze_excite)
 
 
 def set_drop_connect_rate(network, rate):
