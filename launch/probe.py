@@ -4,11 +4,18 @@
   python -m launch.probe --image_size=32 --batch_size=16 --budget_s=300 \
       --out=/tmp/probe                                     # a CPU, small
 
+  # Variants of the step, each against the baseline step timed just before:
+  python -m launch.probe --stages=afg --out=/tmp/probe \
+      --variant='batch_norm=keras squeeze_excite=conv' \
+      --variant=ema_decay=0.9999 --variant=policy=mixed_float16 \
+      --variant=--xla_gpu_experimental_enable_conv_fusion=true
+
 Needs JAX, Keras, ml-collections and absl-py, and no TensorFlow: it runs on
 a bare GPU or TPU image with a few wheels (README, "Probe a machine").
-Writes DIR/probe.json after every stage (pipeline/backends/jax/probe.py
-says what each measures) and prints one line per stage; a stage that would
-not end within --budget_s is skipped with its reason.
+Writes DIR/probe.json after every stage and variant
+(pipeline/backends/jax/probe.py says what each measures) and prints one
+line for each; one that would not end within --budget_s is skipped with
+its reason.
 """
 
 import json
@@ -38,10 +45,20 @@ _EXECUTIONS = flags.DEFINE_integer('executions', 5,
                                    'Timed executions per measurement.')
 _CLASSES = flags.DEFINE_integer('num_classes', 1000, 'Classes of the head.')
 _POLICY = flags.DEFINE_enum(
-    'policy', 'mixed_bfloat16', ['mixed_bfloat16', 'float32'],
+    'policy', 'mixed_bfloat16', ['mixed_bfloat16', 'mixed_float16',
+                                 'float32'],
     'The policy of every stage but (e), which is mixed_float16.')
 _STAGES = flags.DEFINE_string(
-    'stages', 'abcdef', 'Which stages, in this order ((a) always first).')
+    'stages', 'abcdefg', 'Which stages, in this order ((a) always first).')
+_VARIANTS = flags.DEFINE_multi_string(
+    'variant', [], 'A variant of the step to time against the baseline (the '
+    "config as given): space-separated KEY=VALUE of config keys or policy, "
+    "and XLA flags (each set in a process of its own), e.g. 'batch_norm=keras"
+    " squeeze_excite=conv'. Repeat for several.")
+_SAVE_POLICY = flags.DEFINE_bool(
+    'save_policy', False, 'On a GPU, after (a) and (e): keep the faster of '
+    'the two policies for this GPU model and JAX version, so '
+    '`launch.train --backend=jax --policy=auto` takes it there.')
 
 
 def main(argv):
@@ -55,18 +72,23 @@ def main(argv):
   config = _CONFIG.value
   config.image_size, config.global_batch_size = (_IMAGE_SIZE.value,
                                                  _BATCH_SIZE.value)
+  try:
+    variants = probe.parse_variants(_VARIANTS.value, config)
+  except ValueError as e:
+    sys.exit(f'error: --variant: {e}')
   os.makedirs(_OUT.value, exist_ok=True)
   path = os.path.join(_OUT.value, 'probe.json')
   written = {}
 
-  def save(results):
+  def save(results, section=None, name=None):
     written.update(results)
     partial = f'{path}.partial'
     with open(partial, 'w', encoding='utf-8') as f:
       json.dump(results, f, indent=2)
     os.replace(partial, path)  # A reader never sees half a file.
-    for name, figures in list(results['stages'].items())[-1:]:
-      print(f'probe: {name}: {json.dumps(figures)}', flush=True)
+    if section:
+      print(f'probe: {name}: {json.dumps(results[section][name])}',
+            flush=True)
 
   def out_of_time():
     print(f'probe: the budget of {_BUDGET_S.value} s ran out mid-stage; '
@@ -76,13 +98,25 @@ def main(argv):
   watchdog = threading.Timer(_BUDGET_S.value, out_of_time)
   watchdog.daemon = True
   watchdog.start()
-  runner = probe.Probe(config, _CLASSES.value, _STEPS.value,
-                       _EXECUTIONS.value, _BUDGET_S.value, save)
-  print(f'probe: {json.dumps(runner.results["machine"])}', flush=True)
-  save(runner.results)
-  runner.run(_STAGES.value, _POLICY.value)
+  runner = probe.run_all(
+      config, _CLASSES.value, _STEPS.value, _EXECUTIONS.value,
+      _BUDGET_S.value, save, _OUT.value, _STAGES.value, _POLICY.value,
+      variants, _own_process_flags())
+  if _SAVE_POLICY.value:
+    print(f'probe: {probe.save_policy(runner.results)}', flush=True)
   watchdog.cancel()
   print(f'probe: done in {written.get("elapsed_s")} s; figures in {path}')
+
+
+def _own_process_flags():
+  """This probe's flags for a variant's own process (its config, sizes and
+  policy; not its stages, output, budget or variants)."""
+  names = ('image_size', 'batch_size', 'steps_per_execution', 'executions',
+           'num_classes', 'policy')
+  config_file = config_flags.get_config_filename(flags.FLAGS['config'])
+  return ([f'--{name}={flags.FLAGS[name].value}' for name in names] +
+          [f'--config={config_file}'] +
+          [arg for arg in sys.argv[1:] if arg.startswith('--config.')])
 
 
 if __name__ == '__main__':

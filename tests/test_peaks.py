@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.reports import peaks
+from pipeline.rules.machine import peaks
 
 
 @pytest.mark.parametrize('name, sixteen_bit, expected', [

@@ -22,8 +22,11 @@ COMPUTE_PATH = (
     'pipeline.backends.jax.programs', 'pipeline.backends.jax.mesh',
     'pipeline.backends.jax.staging', 'pipeline.backends.jax.ema',
     'pipeline.backends.jax.probe', 'pipeline.backends.jax.probe_stages',
-    'pipeline.backends.hlo_cost',
-    'pipeline.recipe.models', 'pipeline.recipe.optimizers',
+    'pipeline.backends.jax.probe_variants',
+    'pipeline.backends.jax.step_profile', 'pipeline.backends.hlo_cost',
+    'pipeline.recipe.models', 'pipeline.recipe.layers',
+    'pipeline.recipe.optimizers', 'pipeline.rules.machine.peaks',
+    'pipeline.rules.speed.saved_policy',
     'pipeline.recipe.objective', 'pipeline.recipe.moving_average',
     'pipeline.rules.speed.precision', 'pipeline.rules.speed.schedule')
 
@@ -71,10 +74,11 @@ def test_the_probe_measures_every_stage_on_this_cpu(tmp_path):
   figures = json.loads((tmp_path / 'probe.json').read_text())
   stages = figures['stages']
   assert list(stages) == ['a_device_rate', 'b_staged_input', 'c_memory',
-                          'd_flops', 'e_float16', 'f_keras_fit']
+                          'd_flops', 'e_float16', 'f_keras_fit', 'g_profile']
   for name, stage in stages.items():
     assert 'skipped' not in stage and 'failed' not in stage, (name, stage)
   assert figures['machine']['platform'] == 'cpu'
+  assert figures['config']['batch_norm'] == 'one_pass'
   a, b = stages['a_device_rate'], stages['b_staged_input']
   assert a['compile_s'] > 0 and a['images_per_sec'] > 0
   assert a['policy'] == 'mixed_bfloat16' and a['global_batch_size'] == 16
@@ -94,11 +98,106 @@ def test_the_probe_measures_every_stage_on_this_cpu(tmp_path):
   assert 'unoptimized program' in d['unoptimized_counted']
   assert d['compiled_custom_calls'] == 0 and d['compiled_flops_per_image'] > 0
   e = stages['e_float16']
-  assert e['steps'] == 3 * 2 and 0 <= e['skipped_steps'] <= e['steps']
-  assert e['final_loss_scale'] >= 1 and e['images_per_sec'] > 0
+  assert e['steps'] == 3 * 2 and e['images_per_sec'] > 0
+  # Each skipped step halves the scale from Keras' 2**15; none grows it
+  # (that takes 2,000 finite steps in a row).
+  assert e['final_loss_scale'] == 2.0 ** (15 - e['skipped_steps'])
   f = stages['f_keras_fit']
+  assert f['model'] == 'keras.applications efficientnetb0'
   assert f['policy'] == 'mixed_bfloat16' and f['images_per_sec'] > 0
-  assert f['of_this_projects_device_rate'] > 0
+  assert f['this_projects_step_against_it'] > 0
+  g = stages['g_profile']
+  assert g['timed_on'].startswith('host threads running XLA:CPU thunks')
+  assert g['steps_traced'] == 2 * 2 and g['unattributed_ms_per_step'] == 0
+  # B0 has 16 depthwise convolutions; each runs forward, and the gradient of
+  # its input (but the first's: its input is the stem's output, which
+  # needs one too) and of its filter.
+  classes = g['by_class']
+  for direction in ('forward', 'data gradient', 'filter gradient'):
+    assert classes[f'depthwise convolution: {direction}'][
+        'kernels_per_step'] == 16, (direction, classes)
+  for expected in ('batch-norm statistics', 'squeeze-excite',
+                   'optimizer update', '1x1 convolution: forward'):
+    assert classes[expected]['ms_per_step'] > 0, (expected, classes)
+  assert abs(sum(c['share'] for c in classes.values()) - 1) < 0.01
+  assert g['kernels_per_step'] == sum(c['kernels_per_step']
+                                      for c in classes.values())
+  # At least the 5.3 M float32 weights read and written once a step of 16
+  # images; XLA's CPU backend computes a depthwise filter gradient as a
+  # dense convolution (5x5x1152x1152 at the widest), which dominates here.
+  assert 5.3e6 * 8 / 16 < g['bytes_per_image'] < 1e9, g['bytes_per_image']
+  assert 'no figure for' in g['peak_bytes_per_sec']
+  assert list((tmp_path / 'trace').rglob('*.xplane.pb'))
+
+
+def test_variants_are_timed_against_the_baseline(tmp_path):
+  """Two variants at a tiny size: batch norm and squeeze-excite as Keras
+  has them (in this process, profiled, against the baseline timed again
+  just before), and an XLA flag in a process of its own (the flag reaches
+  it: XLA dumps its programs where it says)."""
+  dump = tmp_path / 'xla_dump'
+  result = run_module(
+      'launch.probe', '--image_size=32', '--batch_size=16', '--budget_s=400',
+      '--steps_per_execution=2', '--executions=2', '--stages=ag',
+      '--config.model=efficientnet_tiny', f'--out={tmp_path}',
+      '--variant=batch_norm=keras squeeze_excite=conv',
+      f'--variant=--xla_dump_to={dump}', timeout=500)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  figures = json.loads((tmp_path / 'probe.json').read_text())
+  variants = figures['variants']
+  assert list(variants) == [f'--xla_dump_to={dump}',
+                            'batch_norm=keras squeeze_excite=conv']
+  keras_forms = variants['batch_norm=keras squeeze_excite=conv']
+  assert keras_forms['images_per_sec'] > 0
+  assert keras_forms['of_baseline'] == round(
+      keras_forms['images_per_sec'] / keras_forms['baseline_images_per_sec'],
+      3)
+  # Keras' forms: squeeze-excite as convolutions, each a kernel of its own.
+  ours = figures['stages']['g_profile']['by_class']
+  theirs = keras_forms['profile']['by_class']
+  assert theirs['squeeze-excite']['kernels_per_step'] != ours[
+      'squeeze-excite']['kernels_per_step']
+  flagged = variants[f'--xla_dump_to={dump}']
+  assert flagged['xla_flags'] == f'--xla_dump_to={dump}'
+  assert flagged['baseline'] == 'stage (a) of the probe that started it'
+  assert flagged['of_baseline'] > 0
+  assert any(dump.glob('*.txt')), 'the flag never reached XLA'
+  assert not (tmp_path / 'variant-0' / 'xla_dump').exists()
+
+
+def test_a_variant_that_names_no_config_key_is_one_line(tmp_path):
+  result = run_module('launch.probe', '--variant=batch_nrom=keras',
+                      f'--out={tmp_path}', timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: --variant: variant 'batch_nrom=keras': 'batch_nrom' is not a "
+      'config key (configs/default.py) nor policy')
+
+
+def test_the_probe_saves_the_faster_policy_for_the_jax_route(tmp_path,
+                                                               monkeypatch):
+  """--save_policy on a GPU: the faster of (a) and (e) is kept where
+  `--policy=auto` on the JAX route reads it (figures as a GPU's probe
+  writes them; there is no GPU here). On a CPU it saves nothing."""
+  import os  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('KERAS_BACKEND', 'jax')
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  from pipeline.backends.jax import JaxBackend  # pylint: disable=g-import-not-at-top
+  from pipeline.backends.jax import probe  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.speed import saved_policy  # pylint: disable=g-import-not-at-top
+  results = {
+      'machine': {'platform': 'gpu', 'device_kind': 'NVIDIA H200'},
+      'config': {'model': 'efficientnet_b0', 'image_size': 224,
+                 'global_batch_size': 256},
+      'stages': {'a_device_rate': {'policy': 'mixed_bfloat16',
+                                   'images_per_sec': 8174.0},
+                 'e_float16': {'images_per_sec': 8408.0}}}
+  assert 'saved mixed_float16' in probe.save_policy(results)
+  policy, reason = saved_policy.load('NVIDIA H200', JaxBackend().software())
+  assert policy == 'mixed_float16'
+  assert 'mixed_bfloat16 8,174' in reason
+  results['machine']['platform'] = 'cpu'
+  assert probe.save_policy(results).startswith('no policy saved')
 
 
 def test_a_stage_that_would_not_fit_is_skipped_and_each_is_saved(
@@ -127,7 +226,7 @@ def test_a_stage_that_would_not_fit_is_skipped_and_each_is_saved(
   config = default.get_config()
   config.image_size, config.global_batch_size = 8, 2
   runner = probe.Probe(config, 10, 2, 1, budget_s=50,
-                       save=lambda r: saved.append(json.dumps(r)))
+                       save=lambda r, *_: saved.append(json.dumps(r)))
   results = runner.run('cb', 'float32')
   assert list(results['stages']) == ['a_device_rate', 'c_one_compile',
                                      'b_fails']
@@ -150,4 +249,4 @@ def test_unknown_stages_are_one_line(tmp_path):
                       timeout=120)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
-      "error: --stages='az': letters of 'abcdef', e.g. abf")
+      "error: --stages='az': letters of 'abcdefg', e.g. abf")

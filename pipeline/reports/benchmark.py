@@ -27,7 +27,7 @@ from pipeline.data import inputs
 from pipeline.data import kinds
 from pipeline.run import plan as plan_lib
 from pipeline.data import tfrecords
-from pipeline.reports import peaks
+from pipeline.rules.machine import peaks
 from pipeline.reports import reference_input
 from pipeline.errors import UserError
 

@@ -14,12 +14,23 @@ run cut off still returns what it measured):
   d  FLOPs per image: the compiled program's count beside the unoptimized
      program's, and the custom calls the compiled one holds
   e  float16 with dynamic loss scaling: images/s, final scale, skipped steps
-  f  Keras' own model.fit on the same model, batch and policy
+  f  Keras' own model (keras.applications, its own top) with model.fit,
+     the same batch, policy and optimizer: the peer every speed claim is
+     a ratio to
+  g  where (a)'s step spends its time: a few steps traced, device time by
+     kernel class, kernels and idle time per step, bytes moved per image
+     against the device's bandwidth (step_profile.py)
+
+Then the variants (probe_variants.py): the same step with some config
+keys, the policy or XLA's flags changed, each timed beside (a)'s step
+re-timed just before it, and profiled too where (g) is asked for.
 
 A stage that would not end within the budget is skipped with its reason.
 Imports no TensorFlow: it runs on a bare JAX image plus a few wheels.
 """
 
+import json
+import os
 import time
 
 import jax
@@ -31,10 +42,44 @@ from pipeline.backends.jax import ema as ema_lib
 from pipeline.backends.jax import mesh
 from pipeline.backends.jax import programs
 from pipeline.backends.jax import probe_stages
+from pipeline.backends.jax import probe_variants
+from pipeline.backends.jax import JaxBackend
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
+from pipeline.rules.speed import saved_policy
 
-STAGES = 'abcdef'
+STAGES = 'abcdefg'
+# The variants' policies: what a run on an accelerator may train under.
+VARIANT_POLICIES = ('mixed_bfloat16', 'mixed_float16', 'float32')
+
+
+def parse_variants(texts, config):
+  """probe_variants.Variant of each text; ValueError in one line."""
+  return [probe_variants.parse(text, config, VARIANT_POLICIES)
+          for text in texts]
+
+
+def run_all(config, num_classes, slots, executions, budget_s, save, out_dir,
+            stages, policy, variants, own_process_flags):
+  """The probe: variants with XLA flags first, each in its own process
+  (`own_process_flags`: launch.probe's flags for it) before this one takes
+  the devices; then `stages` and the other variants here. Returns the
+  Probe, its figures saved by `save` as each ends."""
+  began = time.perf_counter()
+  apart = {}
+  own = [v for v in variants if v.xla_flags]
+  for index, variant in enumerate(own):
+    left_s = budget_s - (time.perf_counter() - began)
+    apart[variant.name] = probe_variants.in_own_process(
+        variant, own_process_flags, left_s / (len(own) - index + 1),
+        os.path.join(out_dir, f'variant-{index}'))
+    save({'variants': apart}, 'variants', variant.name)
+  runner = Probe(config, num_classes, slots, executions,
+                 budget_s - (time.perf_counter() - began), save, out_dir)
+  print(f'probe: {json.dumps(runner.results["machine"])}', flush=True)
+  save(runner.results)
+  runner.run(stages, policy, [v for v in variants if not v.xla_flags], apart)
+  return runner
 
 
 class Setup:
@@ -45,9 +90,11 @@ class Setup:
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(config.seed)
     self.config, self.num_classes, self.strategy = config, num_classes, strategy
+    self.policy = policy
     self.model = models.build_model(
         config.model, num_classes, config.image_size, config.dropout_rate,
-        config.batch_norm_momentum, config.drop_connect_rate)
+        config.batch_norm_momentum, config.drop_connect_rate,
+        batch_norm=config.batch_norm, squeeze_excite=config.squeeze_excite)
     self.optimizer = probe_stages.make_optimizer(config, policy)
     self.optimizer.build(self.model.trainable_variables)
     self.ema = (ema_lib.MovingAverage(self.model, config.ema_decay)
@@ -90,19 +137,21 @@ class Probe:
   `results`, saved by `save` after each."""
 
   def __init__(self, config, num_classes, steps_per_execution, executions,
-               budget_s, save):
+               budget_s, save, out_dir=None):
     self.config, self.num_classes = config, num_classes
     self.slots, self.executions = steps_per_execution, executions
     self.start, self.budget_s, self.save = time.perf_counter(), budget_s, save
+    self.out_dir = out_dir  # Where (g) leaves its trace; None: nowhere.
     self.strategy = mesh.DataParallel(jax.devices())
     self.device = jax.devices()[0]
-    batch, size = config.global_batch_size, config.image_size
-    rng = np.random.default_rng(0)
-    # A few distinct host batches, cycled: the host's cost is the copy.
-    self.host_batches = [
-        (rng.integers(0, 256, (batch, size, size, 3), np.uint8),
-         rng.integers(0, num_classes, (batch,), np.int32)) for _ in range(4)]
-    self.results = {'machine': machine(self.device), 'stages': {}}
+    self._host_batches = {}
+    self.host_batches = self.batches_of(config)
+    self.results = {'machine': machine(self.device),
+                    'config': {key: config[key] for key in (
+                        'model', 'image_size', 'global_batch_size',
+                        'batch_norm', 'squeeze_excite', 'ema_decay',
+                        'optimizer')},
+                    'stages': {}}
     self.compile_s = None  # (a)'s, what later stages are predicted by.
     self.device_images_per_sec = None  # (a)'s.
     self.setups = {}
@@ -116,37 +165,94 @@ class Probe:
                                   self.strategy)
     return self.setups[policy]
 
-  def on_devices(self, steps):
-    return [self.strategy.to_devices(self.host_batches[i % 4])
-            for i in range(steps)]
+  def batches_of(self, config):
+    """A few distinct host batches of `config`'s batch and image size,
+    cycled: the host's cost is the copy."""
+    key = (config.global_batch_size, config.image_size)
+    if key not in self._host_batches:
+      rng = np.random.default_rng(0)
+      batch, size = key
+      self._host_batches[key] = [
+          (rng.integers(0, 256, (batch, size, size, 3), np.uint8),
+           rng.integers(0, self.num_classes, (batch,), np.int32))
+          for _ in range(4)]
+    return self._host_batches[key]
+
+  def on_devices(self, steps, config=None):
+    batches = self.batches_of(config or self.config)
+    return [self.strategy.to_devices(batches[i % 4]) for i in range(steps)]
 
   def host_stream(self):
     while True:
       yield from self.host_batches
 
-  def images(self, executions, slots=None):
-    return executions * (slots or self.slots) * self.config.global_batch_size
+  def images(self, executions, slots=None, config=None):
+    return (executions * (slots or self.slots) *
+            (config or self.config).global_batch_size)
 
-  def run(self, stages, policy):
+  def run(self, stages, policy, variants=(), measured_apart=None):
     """Runs `stages` (letters of STAGES) in order, (a) first whatever they
-    say (the others read its program and rate); returns the results."""
+    say (the others read its program and rate), then the in-process
+    `variants` (probe_variants.Variant); `measured_apart`: {name: figures}
+    of variants measured in their own processes, set against (a). Returns
+    the results."""
     for letter in 'a' + stages.replace('a', ''):
       name, stage, compiles = _STAGES[letter]
-      needs_s = (self.compile_s or 60.0) * compiles * 1.5
-      if letter != 'a' and self.left_s() < needs_s:
-        figures = {'skipped': f'{self.left_s():.0f} s of the budget left; '
-                              f'it needs about {needs_s:.0f} s'}
-      else:
-        began = time.perf_counter()
-        try:
-          figures = stage(self, policy)
-        except Exception as e:  # pylint: disable=broad-except
-          figures = {'failed': f'{type(e).__name__}: {str(e)[:400]}'}
-        figures['seconds'] = round(time.perf_counter() - began, 1)
-      self.results['stages'][f'{letter}_{name}'] = figures
-      self.results['elapsed_s'] = round(time.perf_counter() - self.start, 1)
-      self.save(self.results)
+      self._record('stages', f'{letter}_{name}', compiles,
+                   lambda stage=stage: stage(self, policy),
+                   first=letter == 'a')
+      if letter == 'a' and measured_apart:
+        for name, figures in measured_apart.items():
+          self._record('variants', name, 0, lambda figures=figures:
+                       probe_variants.against(figures,
+                                              self.device_images_per_sec))
+    for variant in variants:
+      self._record('variants', variant.name, 1, lambda variant=variant:
+                   probe_variants.measure(self, Setup, self.setup(policy),
+                                          variant, 'g' in stages))
     return self.results
+
+  def _record(self, section, name, compiles, measure, first=False):
+    """Runs `measure` unless it would outlast the budget (predicted from
+    (a)'s compile time), records its figures under `section` and saves."""
+    needs_s = (self.compile_s or 60.0) * compiles * 1.5
+    if not first and self.left_s() < needs_s:
+      figures = {'skipped': f'{self.left_s():.0f} s of the budget left; '
+                            f'it needs about {needs_s:.0f} s'}
+    else:
+      began = time.perf_counter()
+      try:
+        figures = measure()
+      except Exception as e:  # pylint: disable=broad-except
+        figures = {'failed': f'{type(e).__name__}: {str(e)[:400]}'}
+      figures['seconds'] = round(time.perf_counter() - began, 1)
+    self.results.setdefault(section, {})[name] = figures
+    self.results['elapsed_s'] = round(time.perf_counter() - self.start, 1)
+    self.save(self.results, section, name)
+
+
+def save_policy(results):
+  """Keeps the faster of (a)'s and (e)'s policies for this GPU model and
+  JAX version (rules/speed/saved_policy.py), where `auto` on the JAX route
+  then reads it; returns what it did, in a line."""
+  machine_, stages = results['machine'], results['stages']
+  rows = [{'policy': stages[stage].get('policy', policy), 'xla': 'on',
+           'images_per_sec': stages[stage]['images_per_sec']}
+          for stage, policy in (('a_device_rate', None),
+                                ('e_float16', 'mixed_float16'))
+          if 'images_per_sec' in stages.get(stage, {})]
+  if machine_['platform'] != 'gpu' or len(rows) < 2:
+    return ('no policy saved: --save_policy needs a GPU and stages a and e '
+            'measured')
+  fastest = max(rows, key=lambda row: row['images_per_sec'])
+  config = results['config']
+  target = saved_policy.save(
+      {'fastest': fastest, 'rows': rows, 'model': config['model'],
+       'image_size': config['image_size'],
+       'global_batch_size': config['global_batch_size'],
+       'time': time.strftime('%Y-%m-%d %H:%M:%S')},
+      machine_['device_kind'], JaxBackend().software())
+  return f'saved {fastest["policy"]} as the policy for this GPU in {target}'
 
 
 def machine(device):

@@ -1,6 +1,8 @@
 """The stages of launch.probe (probe.py says what each measures): each a
 function of the Probe and the policy, returning its figures."""
 
+import os
+import tempfile
 import time
 
 import jax
@@ -10,9 +12,11 @@ import numpy as np
 from pipeline.backends import hlo_cost
 from pipeline.backends.jax import programs
 from pipeline.backends.jax import staging as staging_lib
+from pipeline.backends.jax import step_profile
 from pipeline.backends.jax.programs import on_host
 from pipeline.recipe import models
 from pipeline.recipe import optimizers
+from pipeline.rules.machine import peaks
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import schedule
 
@@ -54,26 +58,45 @@ def _compiled_step(setup, state, batches):
   return compiled, time.perf_counter() - began
 
 
+def timed_step(probe, setup):
+  """Compiles `setup`'s step for its batches, times it on batches already on
+  the devices, keeps the program and the state it left (setup.compiled,
+  setup.trained_state: each program donates what it takes); its figures."""
+  batches = probe.on_devices(probe.slots, setup.config)
+  state = setup.state()
+  setup.compiled, compile_s = _compiled_step(setup, state, batches)
+  setup.batches = batches
+  execution = _by_steps(setup.compiled)
+  state, first_s = _timed(execution, state, batches, 1)
+  state, seconds = _timed(execution, state, batches, probe.executions)
+  setup.trained_state = state
+  return {'policy': setup.policy, 'compile_s': round(compile_s, 1),
+          'first_execution_s': round(first_s, 2),
+          'images_per_sec': round(probe.images(
+              probe.executions, config=setup.config) / seconds, 1),
+          'steps_per_execution': probe.slots,
+          'global_batch_size': setup.config.global_batch_size}
+
+
+def retimed(probe, setup):
+  """images/s of `setup`'s compiled step, timed again now."""
+  execution = _by_steps(setup.compiled)
+  setup.trained_state, seconds = _timed(execution, setup.trained_state,
+                                        setup.batches, probe.executions)
+  return probe.images(probe.executions, config=setup.config) / seconds
+
+
 def device_rate(probe, policy):
   """(a): the step compiled, then timed on batches already on the
   devices."""
   setup = probe.setup(policy)
-  batches = probe.on_devices(probe.slots)
-  state = setup.state()
-  setup.compiled, probe.compile_s = _compiled_step(setup, state, batches)
-  execution = _by_steps(setup.compiled)
-  state, first_s = _timed(execution, state, batches, 1)
-  state, seconds = _timed(execution, state, batches, probe.executions)
-  setup.trained_state = state  # Live: each program donates what it takes.
+  figures = timed_step(probe, setup)
+  probe.compile_s = figures['compile_s']
   setup.state_spec = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
-      state)
-  probe.device_images_per_sec = probe.images(probe.executions) / seconds
-  return {'policy': policy, 'compile_s': round(probe.compile_s, 1),
-          'first_execution_s': round(first_s, 2),
-          'images_per_sec': round(probe.device_images_per_sec, 1),
-          'steps_per_execution': probe.slots,
-          'global_batch_size': probe.config.global_batch_size}
+      setup.trained_state)
+  probe.device_images_per_sec = figures['images_per_sec']
+  return figures
 
 
 def _fed(probe, execution, state, executions):
@@ -174,34 +197,88 @@ def float16(probe, policy):
   """(e): mixed_float16 with the loss scale in the step."""
   del policy
   setup = probe.setup('mixed_float16')
-  batches = probe.on_devices(probe.slots)
-  state = setup.state()
-  compiled, compile_s = _compiled_step(setup, state, batches)
-  execution = _by_steps(compiled)
-  state, _ = _timed(execution, state, batches, 1)
-  state, seconds = _timed(execution, state, batches, probe.executions)
+  figures = timed_step(probe, setup)
   place = programs.optimizer_places(setup.optimizer)
-  values = on_host({name: state['optimizer'][i] for name, i in place.items()})
-  steps = int(on_host(state['step']))
-  return {'compile_s': round(compile_s, 1),
-          'images_per_sec': round(probe.images(probe.executions) / seconds, 1),
+  values = on_host({name: setup.trained_state['optimizer'][i]
+                    for name, i in place.items()})
+  steps = int(on_host(setup.trained_state['step']))
+  return {'compile_s': figures['compile_s'],
+          'images_per_sec': figures['images_per_sec'],
           'final_loss_scale': float(values['dynamic_scale']),
           'steps': steps, 'skipped_steps': steps - int(values['iterations'])}
 
 
+def profiled(probe, setup, images_per_sec, trace_dir=None):
+  """Where `setup`'s compiled step spends its time (step_profile.py): two
+  executions traced, the trace read back and put in kernel classes; the
+  bytes the step moves per image against the device's bandwidth at
+  `images_per_sec`. The trace is kept in `trace_dir` (TensorBoard's
+  profile plugin reads it) or dropped."""
+  execution = _by_steps(setup.compiled)
+
+  def run():
+    for _ in range(2):
+      setup.trained_state, outputs = execution(setup.trained_state,
+                                               setup.batches)
+    jax.block_until_ready(outputs)
+
+  with tempfile.TemporaryDirectory() as scratch:
+    trace = step_profile.trace(run, trace_dir or scratch)
+  text = setup.compiled.as_text()
+  found = step_profile.instructions(text)
+  batch = setup.config.global_batch_size
+  devices = probe.strategy.num_replicas_in_sync
+  classes = step_profile.classify(found, step_profile.layer_kinds(setup.model),
+                                  batch // devices)
+  events, on_device = step_profile.kernel_events(
+      trace, step_profile.module_name(text))
+  figures = step_profile.summarize(events, on_device, classes, 2 * probe.slots)
+  # The compiled program is one device's share of the batch.
+  moved = step_profile.bytes_moved(found, classes) * devices / batch
+  figures.update(
+      bytes_per_image=round(moved),
+      bytes_counted=('operands and results of every instruction the '
+                     'compiled step runs, each once: what it reads and '
+                     'writes at least once'))
+  found_peak = peaks.peak(probe.device.device_kind,
+                          precision.is_16bit(setup.policy))
+  if found_peak:
+    bandwidth = found_peak[1] * devices
+    figures.update(
+        images_per_sec=images_per_sec, peak_bytes_per_sec=bandwidth,
+        peak_source=found_peak[2],
+        images_per_sec_at_peak_bandwidth=round(bandwidth / moved),
+        fraction_of_peak_bandwidth=round(moved * images_per_sec / bandwidth,
+                                         3))
+  else:
+    figures['peak_bytes_per_sec'] = (
+        f'no figure for {probe.device.device_kind!r} '
+        '(pipeline/rules/machine/peaks.py)')
+  return figures
+
+
+def profile(probe, policy):
+  """(g): where (a)'s step spends its time; its trace under --out."""
+  setup = probe.setup(policy)
+  return profiled(probe, setup, probe.device_images_per_sec,
+                  probe.out_dir and os.path.join(probe.out_dir, 'trace'))
+
+
 def keras_fit(probe, policy):
-  """(f): Keras' own trainer on the same model, batch and policy, fed the
-  same host arrays: its first epoch compiles, the second is timed."""
+  """(f): Keras' own model and trainer, the peer: the config's
+  keras.applications network with its own top (none of this project's
+  layers, so a faster layer of ours cannot speed it up too), compiled by
+  model.fit with the same optimizer, batch and policy, fed the same host
+  arrays; its first epoch compiles, the second is timed."""
   config = probe.config
   keras.mixed_precision.set_global_policy(policy)
   keras.utils.set_random_seed(config.seed)
-  model = models.build_model(config.model, probe.num_classes,
-                             config.image_size, config.dropout_rate,
-                             config.batch_norm_momentum,
-                             config.drop_connect_rate)
+  model = models.MODELS[config.model](
+      include_top=True, weights=None, classes=probe.num_classes,
+      input_shape=(config.image_size, config.image_size, 3))
   model.compile(make_optimizer(config, policy),
                 keras.losses.CategoricalCrossentropy(
-                    from_logits=True, label_smoothing=config.label_smoothing),
+                    label_smoothing=config.label_smoothing),
                 jit_compile=True, steps_per_execution=probe.slots)
   steps = probe.slots * probe.executions
   images = np.concatenate([probe.host_batches[i % 4][0] for i in range(steps)])
@@ -214,17 +291,20 @@ def keras_fit(probe, policy):
   model.fit(images, targets, batch_size=config.global_batch_size, epochs=2,
             shuffle=False, verbose=0, callbacks=[timer])
   first_s, second_s = epochs[1] - epochs[0], epochs[3] - epochs[2]
-  return {'policy': policy, 'first_epoch_s': round(first_s, 1),
-          'images_per_sec': round(len(images) / second_s, 1),
-          'of_this_projects_device_rate': round(
-              len(images) / second_s / probe.device_images_per_sec, 3)
+  rate = len(images) / second_s
+  return {'model': f'keras.applications {model.name}', 'policy': policy,
+          'first_epoch_s': round(first_s, 1),
+          'images_per_sec': round(rate, 1),
+          'this_projects_step_against_it': round(
+              probe.device_images_per_sec / rate, 3)
           if probe.device_images_per_sec else None}
 
 
 # letter: (name, stage, compilations it makes).
 BY_LETTER = {'a': ('device_rate', device_rate, 1),
-           'b': ('staged_input', staged_input, 1),
-           'c': ('memory', memory, 0),
-           'd': ('flops', flops, 1),
-           'e': ('float16', float16, 1),
-           'f': ('keras_fit', keras_fit, 1)}
+             'b': ('staged_input', staged_input, 1),
+             'c': ('memory', memory, 0),
+             'd': ('flops', flops, 1),
+             'e': ('float16', float16, 1),
+             'f': ('keras_fit', keras_fit, 1),
+             'g': ('profile', profile, 0)}

@@ -246,15 +246,19 @@ def step_function(model, optimizer, config, num_classes, ema, frozen,
       carry, _ = jax.lax.scan(add, carry, (micro(images), micro(targets)))
     non_trainable, grads, loss, correct = carry
     trainable, non_trainable = phase.merge(state, trained, non_trainable)
-    trainable, optimizer_state = phase.apply(
-        optimizer, state['optimizer'], trainable, grads)
+    # Named scopes: the probe's profile (step_profile.py) finds the
+    # optimizer's and the average's kernels by them.
+    with jax.named_scope('optimizer'):
+      trainable, optimizer_state = phase.apply(
+          optimizer, state['optimizer'], trainable, grads)
     updates = optimizer_state[place['iterations']]
     applied = updates > state['optimizer'][place['iterations']]
     state = dict(state, trainable=trainable, non_trainable=non_trainable,
                  optimizer=optimizer_state, step=state['step'] + 1)
     if ema:  # A step the loss scale skipped is no update of the average.
-      state['ema'] = [jnp.where(applied, new, old) for new, old in zip(
-          ema.update(state, updates), state['ema'])]
+      with jax.named_scope('moving_average'):
+        state['ema'] = [jnp.where(applied, new, old) for new, old in zip(
+            ema.update(state, updates), state['ema'])]
     return state, (loss, correct)
 
   return one_step

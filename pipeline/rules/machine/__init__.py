@@ -1,2 +1,3 @@
 """What this process runs on and beside: the machine, the cluster, the
-GPUs it takes, and the signals that stop it."""
+GPUs it takes, the signals that stop it, and each device model's peak
+compute and memory bandwidth (peaks.py)."""

@@ -1,5 +1,6 @@
 """How close a run is to its device's limits: peak compute and memory
-bandwidth per device model, and the fractions a benchmark reached.
+bandwidth per device model, and the fractions a benchmark or the probe
+reached.
 
 Dense figures (no structured sparsity) per device as JAX and TensorFlow
 count devices: a GPU, a TPU chip (v4 on: one device per chip) or core (v2,
