@@ -7,6 +7,7 @@ tests/test_jax_backend.py."""
 import os
 import re
 import shutil
+import subprocess
 
 import pytest
 
@@ -20,26 +21,6 @@ SLURM = {'SLURM_JOB_ID': '4101', 'SLURM_STEP_NODELIST': 'gpu[07-08]',
          'SLURM_NODEID': '1', 'SLURM_STEP_TASKS_PER_NODE': '2(x2)'}
 
 
-_SCONTROL = pytest.mark.skipif(
-    not shutil.which('scontrol') and
-    os.environ.get('PIPELINE_REQUIRE_SLURM') != '1',
-    reason="Slurm's scontrol expands node lists: apt-get install slurm-client")
-
-
-@pytest.fixture
-def slurm_conf(tmp_path, monkeypatch):
-  """What scontrol reads before it expands a node list: inside an
-  allocation the cluster's slurm.conf, here a minimal one."""
-  conf = tmp_path / 'slurm.conf'
-  conf.write_text('ClusterName=t\nSlurmctldHost=localhost\n'
-                  'NodeName=localhost CPUs=1\nPartitionName=p Nodes=ALL\n')
-  monkeypatch.setenv('SLURM_CONF', str(conf))
-
-
-def needs_slurm(test):
-  return _SCONTROL(pytest.mark.usefixtures('slurm_conf')(test))
-
-
 def test_slurm_step():
   found = cluster_lib.from_environment(SLURM)
   assert (found.engine, found.num_processes, found.process_id) == (
@@ -49,7 +30,6 @@ def test_slurm_step():
   assert found.joined_by() == 'Slurm (job 4101)'
 
 
-@needs_slurm
 def test_slurm_workers_for_tensorflow():
   workers = cluster_lib.from_environment(SLURM).tensorflow_workers()
   assert [w.split(':')[0] for w in workers] == ['gpu07', 'gpu07', 'gpu08',
@@ -61,7 +41,7 @@ def test_slurm_workers_for_tensorflow():
   assert not set(other_job.tensorflow_workers()) & set(workers)
 
 
-@needs_slurm
+
 @pytest.mark.parametrize('layout, per_node, hosts', [
     ('block', '2(x2)', ['n07', 'n07', 'n08', 'n08']),
     ('cyclic', '2(x2)', ['n07', 'n08', 'n07', 'n08']),
@@ -77,7 +57,7 @@ def test_tensorflow_workers_follow_slurms_layout(layout, per_node, hosts):
   assert [w.split(':')[0] for w in workers] == hosts
 
 
-@needs_slurm
+
 @pytest.mark.parametrize('environ, message', [
     ({'SLURM_DISTRIBUTION': 'plane=2'},
      'Slurm placed the tasks by SLURM_DISTRIBUTION=plane=2, which '
@@ -103,11 +83,44 @@ def test_a_lone_task_is_a_cluster_of_one_and_a_batch_shell_none():
   assert cluster_lib.from_environment({}) is None
 
 
-@needs_slurm
-def test_slurm_expands_its_own_node_lists():
-  assert cluster_lib.hostnames('gpu[01-03,07],login') == [
-      'gpu01', 'gpu02', 'gpu03', 'gpu07', 'login']
-  assert cluster_lib.hostnames('n[008-010]') == ['n008', 'n009', 'n010']
+# Slurm's node-list forms and what `scontrol show hostnames` makes of each.
+NODE_LISTS = {
+    'n[1-3,5]': ['n1', 'n2', 'n3', 'n5'],
+    'gpu-a[01-02],gpu-b7': ['gpu-a01', 'gpu-a02', 'gpu-b7'],
+    'node[001-010]': [f'node{i:03d}' for i in range(1, 11)],
+    # Ranges in two places, padding kept, and a padded range that widens.
+    'rack[1-2]-n[08-10]': ['rack1-n08', 'rack1-n09', 'rack1-n10',
+                           'rack2-n08', 'rack2-n09', 'rack2-n10'],
+    'gpu[01-03,07],login': ['gpu01', 'gpu02', 'gpu03', 'gpu07', 'login'],
+    'n[098-101]': ['n098', 'n099', 'n100', 'n101'],
+}
+
+
+@pytest.mark.parametrize('node_list', NODE_LISTS)
+def test_slurm_node_lists_expand_without_scontrol(node_list, monkeypatch):
+  """Node lists expand with no Slurm command on PATH (a task inside a
+  container has none)."""
+  monkeypatch.setenv('PATH', '/nonexistent')
+  assert cluster_lib.hostnames(node_list) == NODE_LISTS[node_list]
+
+
+@pytest.mark.skipif(not shutil.which('scontrol'),
+                    reason='compared with Slurm where it is installed')
+def test_node_lists_expand_as_scontrol_expands_them(tmp_path, monkeypatch):
+  conf = tmp_path / 'slurm.conf'
+  conf.write_text('ClusterName=t\nSlurmctldHost=localhost\n'
+                  'NodeName=localhost CPUs=1\nPartitionName=p Nodes=ALL\n')
+  monkeypatch.setenv('SLURM_CONF', str(conf))
+  for node_list, names in NODE_LISTS.items():
+    expanded = subprocess.run(['scontrol', 'show', 'hostnames', node_list],
+                              capture_output=True, text=True, check=True)
+    assert expanded.stdout.split() == names
+
+
+def test_a_node_list_that_does_not_expand_is_one_line():
+  with pytest.raises(UserError, match=r"Slurm's node list 'n\[1-' does not "
+                     r'expand \(.*\); expected names and ranges'):
+    cluster_lib.hostnames('n[1-')
 
 
 def test_slurm_tasks_per_node():
@@ -154,6 +167,10 @@ def test_every_engine(environ, engine, count, rank, coordinator):
   found = cluster_lib.from_environment(environ)
   assert (found.engine, found.num_processes, found.process_id,
           found.coordinator) == (engine, count, rank, coordinator)
+  # JAX's own detection where it has one: Open MPI 4's launcher URI; Open
+  # MPI 5 through mpi4py (jax 0.10's 'ompi' needs the URI).
+  assert found.jax_detects == {'GKE TPU': 'gketpu', 'Open MPI 4': 'ompi',
+                               'Open MPI 5': 'mpi4py'}.get(engine)
 
 
 def test_mpirun_inside_a_slurm_allocation_is_open_mpi():

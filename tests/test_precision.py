@@ -257,7 +257,9 @@ FIRST_RUN = ('per user, software and GPU; the first run on a machine '
      True,
      ['GPU compute capability 9.0 has bfloat16 tensor cores: measured faster '
       'than mixed_float16 on an H100 (5,845 vs 5,677 img/s, B0 224 px) and '
-      'needs no loss scaling', 'single GPU: fused kernels help',
+      'as fast on an H200 on JAX (8,404 vs 8,407), and needs no loss '
+      "scaling; your GPU's own sweep (launch.benchmark or launch.probe "
+      '--save_policy) would win', 'single GPU: fused kernels help',
       f'compiled programs cached in {{root}}/{CACHE} ({FIRST_RUN})']),
     # A user's own XLA flags are kept, the autotune folder joins them.
     (H100, (9, 0), '2.21.0', '9.28.0.42',

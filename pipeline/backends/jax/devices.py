@@ -122,9 +122,10 @@ def _join_hosts(found, gpus):
   if found and found.engine == 'Open MPI 5' and not backends.installed(
       'mpi4py'):
     raise UserError('Open MPI 5 starts no launcher JAX can read without '
-                    'mpi4py: pip install mpi4py, or set '
-                    'JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and '
-                    'JAX_PROCESS_ID')
+                    'mpi4py, which asks MPI itself: pip install -r '
+                    'requirements-jax.txt (or requirements-gpu.txt; both '
+                    'have mpi4py), or set JAX_COORDINATOR_ADDRESS, '
+                    'JAX_NUM_PROCESSES and JAX_PROCESS_ID')
   if found and found.jax_detects:
     where = {'cluster_detection_method': found.jax_detects}
   elif found:

@@ -43,7 +43,7 @@ def on_host(tree):
 def initial_state(model, optimizer, strategy, step, ema_values=None):
   """The run's state as JAX arrays replicated on every device: the model's
   and the optimizer's variables, the `step` and the moving averages'
-  `ema_values` (None: no average)."""
+  `ema_values` (None: no average), flattened into one vector (ema.py)."""
   state = {
       'trainable': [v.value for v in model.trainable_variables],
       'non_trainable': [v.value for v in model.non_trainable_variables],
@@ -51,7 +51,8 @@ def initial_state(model, optimizer, strategy, step, ema_values=None):
       'step': step,
   }
   if ema_values is not None:
-    state['ema'] = list(ema_values)
+    state['ema'] = np.concatenate([np.ravel(np.asarray(v))
+                                   for v in ema_values])
   # Copies: the program donates the state's buffers, and an average that
   # starts as its weight (or a restored variable) may share one with it.
   return jax.device_put(jax.tree.map(np.array, state), strategy.replicated)
@@ -257,8 +258,8 @@ def step_function(model, optimizer, config, num_classes, ema, frozen,
                  optimizer=optimizer_state, step=state['step'] + 1)
     if ema:  # A step the loss scale skipped is no update of the average.
       with jax.named_scope('moving_average'):
-        state['ema'] = [jnp.where(applied, new, old) for new, old in zip(
-            ema.update(state, updates), state['ema'])]
+        state['ema'] = jnp.where(applied, ema.update(state, updates),
+                                 state['ema'])
     return state, (loss, correct)
 
   return one_step

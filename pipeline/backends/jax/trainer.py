@@ -171,7 +171,7 @@ class Trainer:
         (self.optimizer.variables, self.state['optimizer']),
         (self.step_variables.values, [self.state['step']]),
         (self.ema.variables.values if self.ema else [],
-         self.state.get('ema', []))):
+         self.ema.values(self.state['ema']) if self.ema else [])):
       for variable, value in zip(variables, on_host(list(values))):
         variable.assign(value)
 

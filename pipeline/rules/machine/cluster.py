@@ -23,8 +23,9 @@ Importable without TensorFlow or JAX: pure functions of the environment.
 
 import dataclasses
 import re
-import subprocess
 from typing import Optional
+
+import hostlist
 
 from pipeline.errors import UserError
 from pipeline.errors import first_line
@@ -214,7 +215,7 @@ def _slurm_layout(environ):
 @dataclasses.dataclass(frozen=True)
 class SlurmCluster(Cluster):
   """A Slurm step's Cluster: its hosts, by rank, from its node list
-  (expanded by Slurm's own `scontrol show hostnames`) and its layout."""
+  (hostnames) and its layout."""
   node_list: str = ''
   tasks_per_node: tuple = ()
   layout: str = 'block'
@@ -242,22 +243,23 @@ class SlurmCluster(Cluster):
 
 
 def hostnames(node_list):
-  """Slurm's compressed node list as names ('gpu[01-02]' -> gpu01, gpu02),
-  as Slurm's own `scontrol show hostnames` expands it."""
+  """Slurm's compressed node list as names ('gpu[01-02],gpu-b7' -> gpu01,
+  gpu02, gpu-b7), as Slurm's `scontrol show hostnames` expands it, by
+  python-hostlist: a task in a container (Pyxis, Apptainer) has no
+  scontrol."""
   try:
-    return subprocess.run(['scontrol', 'show', 'hostnames', node_list],
-                          capture_output=True, text=True, timeout=30,
-                          check=True).stdout.split()
-  except (OSError, subprocess.SubprocessError) as e:
-    raise UserError(f"Slurm's scontrol could not expand the node list "
-                    f'{node_list!r} ({first_line(e)}): run inside the '
-                    'allocation, with Slurm on PATH') from None
+    return hostlist.expand_hostlist(node_list)
+  except hostlist.BadHostlist as e:
+    raise UserError(f'Slurm\'s node list {node_list!r} does not expand '
+                    f'({first_line(e)}); expected names and ranges such as '
+                    'gpu[01-04,07],cpu-a1') from None
 
 
 def _open_mpi(environ):
-  """`mpirun`'s processes: Open MPI 4 (its launcher's ORTE URI) or 5
-  (PRRTE: the COMM_WORLD variables without it). JAX reads both itself
-  (Open MPI 5 through mpi4py)."""
+  """`mpirun`'s processes: Open MPI 4 (its launcher's ORTE URI, which JAX's
+  'ompi' detection reads) or 5 (PRRTE: the COMM_WORLD variables without
+  it; JAX's 'mpi4py' detection asks MPI itself, where 'ompi' needs the
+  URI on jax 0.10)."""
   version = ('4' if 'OMPI_MCA_orte_hnp_uri' in environ else
              '5' if all(environ.get(f'OMPI_COMM_WORLD_{name}')
                         for name in ('SIZE', 'RANK', 'LOCAL_RANK')) else None)
@@ -268,7 +270,8 @@ def _open_mpi(environ):
       _integer(environ, 'OMPI_COMM_WORLD_RANK') or 0,
       local_rank=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_RANK') or 0,
       local_size=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_SIZE') or 1,
-      jax_detects='ompi', local_size_from='OMPI_COMM_WORLD_LOCAL_SIZE')
+      jax_detects='ompi' if version == '4' else 'mpi4py',
+      local_size_from='OMPI_COMM_WORLD_LOCAL_SIZE')
 
 
 def expand_counts(text):

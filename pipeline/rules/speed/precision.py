@@ -59,10 +59,14 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
 def _gpu_policy(capability):
   """(policy, reason) on a GPU of compute capability `capability`.
 
-  bfloat16 tensor cores came with compute capability 8.0 (Ampere); on an
-  H100 mixed_bfloat16 trained B0 (224 px, batch 256, XLA) at 5,845 img/s
-  against mixed_float16's 5,677, with no loss scaling and the policy TPUs
-  use. Volta and Turing (7.x) have float16 tensor cores only.
+  bfloat16 tensor cores came with compute capability 8.0 (Ampere): on an
+  H100 under TensorFlow mixed_bfloat16 trained B0 (224 px, batch 256, XLA)
+  at 5,845 img/s against mixed_float16's 5,677; on an H200 under JAX the
+  two ran 8,404 and 8,407 (the probe, one call; another call 8,174 against
+  8,408: within the spread between calls). bfloat16 needs no loss scaling
+  and is what TPUs use. A GPU's own measurement, saved by either backend's
+  tool, wins (saved_policy.py). Volta and Turing (7.x) have float16 tensor
+  cores only.
   """
   capability = tuple(capability or (0, 0))
   where = f'GPU compute capability {capability[0]}.{capability[1]}'
@@ -70,7 +74,9 @@ def _gpu_policy(capability):
     return 'mixed_bfloat16', (
         f'{where} has bfloat16 tensor cores: measured faster than '
         'mixed_float16 on an H100 (5,845 vs 5,677 img/s, B0 224 px) and '
-        'needs no loss scaling')
+        'as fast on an H200 on JAX (8,404 vs 8,407), and needs no loss '
+        'scaling; your GPU\'s own sweep (launch.benchmark or launch.probe '
+        '--save_policy) would win')
   if capability >= (7, 0):
     return 'mixed_float16', (f'{where} has float16 tensor cores and no '
                              'bfloat16 ones')
