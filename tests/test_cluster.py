@@ -210,38 +210,106 @@ def test_contradictions_in_one_line(environ, message):
     cluster_lib.from_environment(environ)
 
 
-def test_gpu_share():
-  alone = cluster_lib.Cluster('Slurm', 2, 0, local_size=1)
-  assert placement.gpu_share(alone, 8) == list(range(8))
-  assert placement.gpu_share(None, 4) == [0, 1, 2, 3]
-  assert placement.gpu_share(alone, 0) is None
-  # Two tasks on an 8-GPU host: four each, not JAX's one per local rank.
-  second = cluster_lib.Cluster('Slurm', 4, 3, local_rank=1, local_size=2)
-  assert placement.gpu_share(second, 8) == [4, 5, 6, 7]
-  # `srun --gpus-per-task=1`: Slurm shows each task its own GPU.
-  assert placement.gpu_share(second, 1) == [0]
+def _bound(environ, driver_gpus=0, **slurm):
+  """placement.bind for the last task of SLURM with `slurm` on top."""
+  found = cluster_lib.from_environment(dict(SLURM, **slurm))
+  return placement.bind(found, environ, driver_gpus)
 
 
-@pytest.mark.parametrize('per_task, tasks, expected', [
-    ('2', '2(x2)', [0, 1]),  # 2 tasks x 2 GPUs: each its own two.
-    ('2', '4', [0, 1]),  # 4 tasks x 2 GPUs: the same, none refused.
+# What Slurm 22.05 sets for the last task of `srun -N 2 --ntasks-per-node=2`
+# with each binding (read on tests/slurm_nodes.py's nodes), and the GPUs
+# that task keeps: (variables, driver's count, entries kept, why).
+@pytest.mark.parametrize('slurm, driver, kept, why', [
+    # --gpus-per-task=1: Slurm shows each task its own.
+    ({'SLURMD_TRES_BIND': 'gpu:per_task:1', 'SLURM_GPUS_ON_NODE': '2',
+      'CUDA_VISIBLE_DEVICES': '1'}, 0, ('1',),
+     'bound to this task by Slurm: --gpus-per-task=1'),
+    # --gpus-per-task=2.
+    ({'SLURMD_TRES_BIND': 'gpu:per_task:2', 'SLURM_GPUS_ON_NODE': '4',
+      'CUDA_VISIBLE_DEVICES': '2,3'}, 0, ('2', '3'),
+     'bound to this task by Slurm: --gpus-per-task=2'),
+    # --gpus-per-task=2 --gpu-bind=none: no CUDA_VISIBLE_DEVICES; the
+    # driver shows the node's 4 (as cgroups leave them) to both tasks.
+    ({'SLURMD_TRES_BIND': 'gpu:none', 'SLURM_GPUS_PER_TASK': '2',
+      'SLURM_GPUS_ON_NODE': '4'}, 4, ('2', '3'),
+     'its share of 4, by local rank 1 of 2: --gpus-per-task=2; Slurm bound '
+     'none (gpu:none)'),
+    # --gpus-per-node=4, two tasks a node: both shown all four.
+    ({'SLURM_GPUS_ON_NODE': '4', 'CUDA_VISIBLE_DEVICES': '0,1,2,3'}, 0,
+     ('2', '3'),
+     "its share of 4, by local rank 1 of 2: 2 of the node's 4 "
+     '(SLURM_GPUS_ON_NODE) for each of its 2 tasks; Slurm bound none'),
+    # --gpu-bind=closest where it does isolate: each its two.
+    ({'SLURMD_TRES_BIND': 'gpu:closest', 'SLURM_GPUS_ON_NODE': '4',
+      'CUDA_VISIBLE_DEVICES': '2,3'}, 0, ('2', '3'),
+     "bound to this task by Slurm: 2 of the node's 4 (SLURM_GPUS_ON_NODE) "
+     'for each of its 2 tasks'),
 ])
-def test_gpus_slurm_binds_to_a_task_are_all_its_own(per_task, tasks,
-                                                     expected):
-  found = cluster_lib.from_environment(dict(
-      SLURM, SLURM_GPUS_PER_TASK=per_task, SLURM_STEP_TASKS_PER_NODE=tasks))
-  assert found.gpus_bound
-  assert placement.gpu_share(found, 2) == expected
+def test_each_task_keeps_the_gpus_slurm_gave_it(slurm, driver, kept, why):
+  environ = {k: v for k, v in slurm.items() if k == 'CUDA_VISIBLE_DEVICES'}
+  found = _bound(environ, driver, **slurm)
+  assert (found.entries, found.why) == (kept, why)
 
 
-def test_a_share_that_cannot_be_equal_names_the_variables():
-  found = cluster_lib.from_environment(dict(
-      SLURM, SLURM_STEP_TASKS_PER_NODE='4', SLURM_NODEID='0'))
+def test_a_task_shown_other_gpus_than_it_was_given_is_one_line():
   with pytest.raises(UserError, match=re.escape(
-      '4 processes on this host (SLURM_STEP_TASKS_PER_NODE) cannot share its '
-      '6 GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3,4,5) equally: give each its own '
-      '(srun --gpus-per-task=N)')):
-    placement.gpu_share(found, 6, 'CUDA_VISIBLE_DEVICES=0,1,2,3,4,5')
+      'Slurm gave this task 2 GPU(s) (--gpus-per-task=2), but it is shown 3 '
+      '(CUDA_VISIBLE_DEVICES=0,1,2): neither its own 2 nor the 4 of the 2 '
+      'tasks on this node')):
+    _bound({'CUDA_VISIBLE_DEVICES': '0,1,2'}, SLURM_GPUS_PER_TASK='2')
+  # Its node's GPUs do not split over its tasks.
+  with pytest.raises(UserError, match=re.escape(
+      'Slurm gave this node 3 GPUs (SLURM_GPUS_ON_NODE) for 2 tasks '
+      '(SLURM_STEP_TASKS_PER_NODE), which cannot share them equally')):
+    _bound({'CUDA_VISIBLE_DEVICES': '0,1,2'}, SLURM_GPUS_ON_NODE='3')
+  # One task a node, shown more than the node was given (no cgroups).
+  alone = dict(SLURM_NTASKS='2', SLURM_PROCID='1', SLURM_LOCALID='0',
+               SLURM_STEP_TASKS_PER_NODE='1(x2)', SLURM_GPUS_ON_NODE='4')
+  with pytest.raises(UserError, match=re.escape(
+      'Slurm gave this node 4 GPU(s) (SLURM_GPUS_ON_NODE) for its one task, '
+      'which is shown 8 (nvidia-smi -L: 8)')):
+    _bound({}, 8, **alone)
+  assert _bound({}, 4, **alone).entries == ('0', '1', '2', '3')
+
+
+def test_gpus_without_an_engine_that_gives_them():
+  assert placement.bind(None, {}, 4).entries == ('0', '1', '2', '3')
+  assert placement.bind(None, {}, 0) is None
+  assert placement.bind(None, {'CUDA_VISIBLE_DEVICES': ''}, 4) is None
+  # mpirun's two ranks on an 8-GPU host: four each, not JAX's one per
+  # local rank.
+  second = cluster_lib.from_environment({
+      'OMPI_COMM_WORLD_SIZE': '4', 'OMPI_COMM_WORLD_RANK': '3',
+      'OMPI_COMM_WORLD_LOCAL_RANK': '1', 'OMPI_COMM_WORLD_LOCAL_SIZE': '2'})
+  found = placement.bind(second, {}, 8)
+  assert found.entries == ('4', '5', '6', '7')
+  assert found.line({'CUDA_VISIBLE_DEVICES': '4,5,6,7'}) == (
+      'GPUs 4,5,6,7 (its share of 8, by local rank 1 of 2: Open MPI 5 binds '
+      'no GPUs; CUDA_VISIBLE_DEVICES=4,5,6,7 of nvidia-smi -L: 8)')
+  with pytest.raises(UserError, match=re.escape(
+      '2 processes on this host (OMPI_COMM_WORLD_LOCAL_SIZE) cannot share '
+      'its 3 GPUs (nvidia-smi -L: 3) equally')):
+    placement.bind(second, {}, 3)
+
+
+def test_the_launcher_leaves_a_process_only_its_own_gpus(monkeypatch):
+  """environment.bind_gpus narrows CUDA_VISIBLE_DEVICES before a framework
+  loads, and keeps the line the plan prints."""
+  from pipeline.run import environment  # pylint: disable=g-import-not-at-top
+  environ = dict(SLURM, SLURM_GPUS_ON_NODE='4',
+                 CUDA_VISIBLE_DEVICES='0,1,2,3')
+  environment.bind_gpus(environ, driver_gpus=0)
+  assert environ['CUDA_VISIBLE_DEVICES'] == '2,3'
+  assert placement.chosen().line(environ).startswith(
+      'GPUs 2,3 (its share of 4, by local rank 1 of 2: ')
+  assert placement.chosen().line(environ).endswith(
+      '; CUDA_VISIBLE_DEVICES=2,3 of CUDA_VISIBLE_DEVICES=0,1,2,3)')
+  # Alone with every GPU it is shown: nothing to narrow, nothing set.
+  environ = {}
+  environment.bind_gpus(environ, driver_gpus=2)
+  assert 'CUDA_VISIBLE_DEVICES' not in environ
+  assert placement.chosen().line(environ) == (
+      'GPUs 0,1 (all this host shows it; nvidia-smi -L: 2)')
 
 
 def test_a_host_name_on_loopback_is_one_line_where_hosts_must_connect():

@@ -13,6 +13,7 @@ suite's, JAX in the JAX tier's (KERAS_BACKEND=jax). .ci/run installs Slurm
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,15 +118,21 @@ def _job_state(env, job):
 @SLOW_ON_JAX
 def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
     slurm, tfds_dir, tmp_path):
-  """`srun -N 2` trains one run over the two nodes; SIGKILL to the second
-  task mid-run then stops the first in one line, and the same srun again
-  resumes from the last checkpoint and finishes."""
+  """`srun -N 2` trains one run over the two nodes, no Slurm command on the
+  tasks' PATH (as inside a container); SIGKILL to the second task mid-run
+  then stops the first in one line, and the same srun again resumes from
+  the last checkpoint and finishes."""
   workdir = tmp_path / 'run'
   log = tmp_path / 'srun.log'
-  command = ['srun', '-N', '2', '-l', '--job-name=kill', sys.executable,
-             '-m', 'launch.train', *_train_args(workdir, tfds_dir, 20)]
+  command = [shutil.which('srun', path=slurm['PATH']), '-N', '2', '-l',
+             '--job-name=kill', sys.executable, '-m', 'launch.train',
+             *_train_args(workdir, tfds_dir, 20)]
+  # The tasks find no Slurm command (as in a container): the node list is
+  # expanded without scontrol.
+  tasks_env = dict(slurm, PATH=os.path.dirname(sys.executable))
+  assert not shutil.which('scontrol', path=tasks_env['PATH'])
   with open(log, 'w') as out:
-    first = subprocess.Popen(command, cwd=REPO, env=slurm, stdout=out,
+    first = subprocess.Popen(command, cwd=REPO, env=tasks_env, stdout=out,
                              stderr=subprocess.STDOUT)
   _wait_for(log, r'\n1: .*step \d+/160', lambda: first.poll() is None)
   _wait_until(lambda: os.listdir(workdir / 'checkpoints'), 'a checkpoint')
@@ -144,7 +151,7 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
 
   # The same srun, shortened to 2 epochs (16 steps): resumes and finishes.
   again = subprocess.run([*command[:-1], '--config.epochs=2'], cwd=REPO,
-                         env=slurm, capture_output=True, text=True,
+                         env=tasks_env, capture_output=True, text=True,
                          timeout=900)
   output = again.stdout + again.stderr
   assert again.returncode == 0, output[-3000:]
@@ -227,48 +234,78 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
                       'CUDA_VISIBLE_DEVICES=0,1,2,3)') == 2, output[-3000:]
 
 
-_SHARE = (
-    'import os; from pipeline.rules.machine import cluster, hardware as h, '
-    'placement as p; found = cluster.from_environment(os.environ); print(os.environ['
-    '"SLURMD_NODENAME"], p.share_line(found, p.gpu_share(found, '
-    'h.visible_gpu_count(), h.visible_gpus_named()), os.environ))')
+# Each binding: srun's options for two tasks a node, and each task's GPUs
+# as its own launch.train resolves them, by node and local rank.
+BINDINGS = {
+    'gpus-per-task=1': (
+        ['--gpus-per-task=1'],
+        ['GPUs 0 (bound to this task by Slurm: --gpus-per-task=1; '
+         'CUDA_VISIBLE_DEVICES=0)',
+         'GPUs 1 (bound to this task by Slurm: --gpus-per-task=1; '
+         'CUDA_VISIBLE_DEVICES=1)']),
+    'gpus-per-task=2': (
+        ['--gpus-per-task=2'],
+        ['GPUs 0,1 (bound to this task by Slurm: --gpus-per-task=2; '
+         'CUDA_VISIBLE_DEVICES=0,1)',
+         'GPUs 2,3 (bound to this task by Slurm: --gpus-per-task=2; '
+         'CUDA_VISIBLE_DEVICES=2,3)']),
+    # Slurm sets no CUDA_VISIBLE_DEVICES: each task is shown the node's
+    # four (nvidia-smi, a stand-in here) and keeps its own two.
+    'gpu-bind=none': (
+        ['--gpus-per-task=2', '--gpu-bind=none'],
+        ["GPUs 0,1 (its share of 4, by local rank 0 of 2: 2 of the node's 4 "
+         '(SLURM_GPUS_ON_NODE) for each of its 2 tasks; Slurm bound none '
+         '(gpu:none); CUDA_VISIBLE_DEVICES=0,1 of nvidia-smi -L: 4)',
+         "GPUs 2,3 (its share of 4, by local rank 1 of 2: 2 of the node's 4 "
+         '(SLURM_GPUS_ON_NODE) for each of its 2 tasks; Slurm bound none '
+         '(gpu:none); CUDA_VISIBLE_DEVICES=2,3 of nvidia-smi -L: 4)']),
+    # Both tasks shown all four: half each, by local rank.
+    'gpus-per-node=4': (
+        ['--gpus-per-node=4'],
+        ["GPUs 0,1 (its share of 4, by local rank 0 of 2: 2 of the node's 4 "
+         '(SLURM_GPUS_ON_NODE) for each of its 2 tasks; Slurm bound none; '
+         'CUDA_VISIBLE_DEVICES=0,1 of CUDA_VISIBLE_DEVICES=0,1,2,3)',
+         "GPUs 2,3 (its share of 4, by local rank 1 of 2: 2 of the node's 4 "
+         '(SLURM_GPUS_ON_NODE) for each of its 2 tasks; Slurm bound none; '
+         'CUDA_VISIBLE_DEVICES=2,3 of CUDA_VISIBLE_DEVICES=0,1,2,3)']),
+}
 
 
-@pytest.mark.parametrize('layout, expected', [
-    # One process a node, every GPU of it.
-    (['--ntasks-per-node=1', '--gpus-per-node=4'],
-     {('slurmnode0', 'GPUs 0,1,2,3 (all this host shows it; '
-       'CUDA_VISIBLE_DEVICES=0,1,2,3)'),
-      ('slurmnode1', 'GPUs 0,1,2,3 (all this host shows it; '
-       'CUDA_VISIBLE_DEVICES=0,1,2,3)')}),
-    # One a GPU: Slurm binds each task to its own.
-    (['--ntasks-per-node=4', '--gpus-per-task=1'],
-     {(node, f'GPUs {gpu} (bound to this task by Slurm; '
-       f'CUDA_VISIBLE_DEVICES={gpu})')
-      for node in ('slurmnode0', 'slurmnode1') for gpu in range(4)}),
-    # Two a task.
-    (['--ntasks-per-node=2', '--gpus-per-task=2'],
-     {(node, f'GPUs {gpus} (bound to this task by Slurm; '
-       f'CUDA_VISIBLE_DEVICES={gpus})')
-      for node in ('slurmnode0', 'slurmnode1') for gpus in ('0,1', '2,3')}),
-    # Two a node, Slurm binding none: half each, by local rank.
-    (['--ntasks-per-node=2', '--gpus-per-node=4'],
-     {(node, f'GPUs {gpus} (its share of 4, 2 processes on this host; '
-       'CUDA_VISIBLE_DEVICES=0,1,2,3)')
-      for node in ('slurmnode0', 'slurmnode1') for gpus in ('0,1', '2,3')}),
-])
-def test_every_task_gets_its_own_gpus_as_slurm_binds_them(slurm, layout,
-                                                          expected):
-  """What each task's plan says of its GPUs (the run's Run: line), read by
-  the library from the variables Slurm set for it: every GPU of both nodes
-  taken, none twice."""
-  result = subprocess.run(['srun', '-N', '2', *layout,
-                           sys.executable, '-c', _SHARE], cwd=REPO, env=slurm,
-                          capture_output=True, text=True, timeout=300,
-                          check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  said = [tuple(line.split(' ', 1)) for line in result.stdout.splitlines()]
-  assert set(said) == expected and len(said) == len(expected), said
+@SLOW_ON_JAX
+@pytest.mark.parametrize('binding', BINDINGS)
+def test_every_task_trains_on_the_gpus_slurm_gave_it(slurm, tfds_dir,
+                                                     binding, tmp_path):
+  """Four tasks over the two nodes, two a node, each a `launch.train
+  --dry_run` that resolves its hardware as a run does (joining the
+  others): each says which GPUs it keeps, and the CUDA_VISIBLE_DEVICES it
+  now has, for every binding. The node's GPUs are stand-ins, and so is
+  nvidia-smi (what the driver would list where Slurm sets no
+  CUDA_VISIBLE_DEVICES); --allow_cpu, as no framework finds a GPU."""
+  options, lines = BINDINGS[binding]
+  result = subprocess.run(
+      ['srun', '-N', '2', '--ntasks-per-node=2', '-l', *options,
+       sys.executable, '-m', 'launch.train', '--dry_run', '--allow_cpu',
+       f'--backend={BACKEND}', '--config.model=efficientnet_tiny',
+       f'--config.data_dir={tfds_dir}', '--config.train_split=train[:64]'],
+      cwd=REPO, env=dict(slurm, PATH=f'{_stand_in_nvidia_smi(tmp_path)}'
+                         f'{os.pathsep}{slurm["PATH"]}'),
+      capture_output=True, text=True, timeout=600, check=False)
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  tasks = _by_task(output)
+  for rank in range(4):  # Block layout: ranks 0, 1 on the first node.
+    said = re.search(r'; (GPUs [^\n]*\))\n', tasks[rank] + '\n')
+    assert said and said.group(1) == lines[rank % 2], tasks[rank][-2000:]
+
+
+def _stand_in_nvidia_smi(folder):
+  """A folder holding an `nvidia-smi -L` that lists 4 GPUs."""
+  path = folder / 'bin' / 'nvidia-smi'
+  path.parent.mkdir()
+  path.write_text('#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: stand-in '
+                  '(UUID: GPU-$i)"; done\n')
+  path.chmod(0o755)
+  return path.parent
 
 
 @pytest.mark.slow  # Two minutes' time limit, then ten: 2 to 4 minutes.

@@ -14,8 +14,11 @@ import sys
 import threading
 
 from pipeline import backends
-from pipeline.rules.speed import compile_cache
+from pipeline.rules.machine import cluster as cluster_lib
+from pipeline.rules.machine import hardware
+from pipeline.rules.machine import placement
 from pipeline.rules.machine import stopping
+from pipeline.rules.speed import compile_cache
 from pipeline.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,6 +94,7 @@ def prepare(argv):
   try:
     backends.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
     prepare_compile_cache(_flag(argv, 'config.compile_cache_dir'))
+    bind_gpus()
   except UserError as e:
     sys.exit(f'error: {e}')
   # Warnings and errors from TensorFlow's C++ side; its INFO lines are noise.
@@ -149,6 +153,26 @@ for line in sys.stdin.buffer:
     except OSError:
       pass  # The terminal is gone; keep draining, so the run never blocks.
 """
+
+
+def bind_gpus(environ=None, driver_gpus=None):
+  """Leaves this process only its own GPUs, checked against what its engine
+  gave its task (placement.bind), as CUDA_VISIBLE_DEVICES in `environ`
+  (os.environ unless given) before TensorFlow or JAX load, and keeps the
+  Binding for the plan; `driver_gpus` stands in for nvidia-smi's count
+  (tests). TF_CONFIG's workers are the user's to place."""
+  environ = os.environ if environ is None else environ
+  found = None if environ.get('TF_CONFIG') else (
+      cluster_lib.from_environment(environ))
+  if driver_gpus is None:
+    driver_gpus = (0 if placement.VISIBLE in environ else
+                   hardware.nvidia_gpus())
+  binding = placement.bind(found, environ, driver_gpus)
+  if binding and (environ.get(placement.VISIBLE) is not None or
+                  len(binding.entries) < driver_gpus):
+    environ[placement.VISIBLE] = ','.join(binding.entries)
+  placement.keep(binding)
+  return binding
 
 
 def prepare_compile_cache(setting, environ=None, gpus=None, software=None):

@@ -241,8 +241,9 @@ def resolve(request):
   _keep_tensorflow_off_the_gpus()
   leave_room_for_dali(request.input_pipeline)
   engine = cluster_lib.from_environment(os.environ)
-  gpus = placement.gpu_share(engine, hardware_lib.visible_gpu_count(),
-                               hardware_lib.visible_gpus_named())
+  # Every GPU it is shown: the launcher left it only its own
+  # (placement.bind). Passed on, or JAX would keep one per local rank.
+  gpus = list(range(hardware_lib.visible_gpu_count())) or None
   cluster = _join_hosts(engine, gpus)
   if cluster:
     _joined_by.append(cluster.joined_by())
@@ -277,7 +278,8 @@ def resolve(request):
       task_index=jax.process_index(), is_chief=jax.process_index() == 0,
       detail=detail, strategy_name='DataParallel',
       cluster=cluster.joined_by() if cluster else '',
-      gpu_share=placement.share_line(engine, gpus, os.environ),
+      gpu_share=(placement.chosen().line(os.environ) if placement.chosen()
+                 else ''),
       **(gpu_fields(found[0]) if kind == 'GPU' else {}))
 
 

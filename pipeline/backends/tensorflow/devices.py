@@ -99,14 +99,10 @@ def resolve(tpu='', tpu_zone=None, gcp_project=None, num_cpu_devices=1,
 
 
 def _share_line(spec):
-  """The plan's words for this process's GPUs, as Slurm or the driver
-  show them (where --gpus picks none)."""
-  if spec or os.environ.get('TF_CONFIG'):
-    return ''
-  cluster = cluster_lib.from_environment(os.environ)
-  return placement.share_line(cluster, placement.gpu_share(
-      cluster, hardware_lib.visible_gpu_count(),
-      hardware_lib.visible_gpus_named()), os.environ)
+  """The plan's words for this process's GPUs, as the launcher bound them
+  (placement.bind; not where --gpus picks them)."""
+  binding = placement.chosen()
+  return binding.line(os.environ) if binding and not spec else ''
 
 
 def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
@@ -127,7 +123,7 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
   if tpu_runtime_version:
     raise UserError(f'--tpu_runtime_version={tpu_runtime_version} needs a TPU '
                     'Node: pass --tpu=NAME or --tpu=grpc://HOST:PORT')
-  _limit_visible_gpus(gpus, cluster)
+  _limit_visible_gpus(gpus)
   if grows_gpu_memory(split_gpus_into, os.environ, dali.installed()):
     _grow_gpu_memory()
   split_gpus(split_gpus_into)
@@ -169,15 +165,11 @@ def _grow_gpu_memory():
       return
 
 
-def _limit_visible_gpus(spec, cluster):
-  """Makes only the GPUs --gpus names visible, and of those this worker's
-  share where several share a host; before TF initialises them."""
+def _limit_visible_gpus(spec):
+  """Makes only the GPUs --gpus names visible, before TF initialises them
+  (the launcher left this process only its own: placement.bind)."""
   physical = tf.config.list_physical_devices('GPU')
   indices = hardware_lib.select_gpus(spec, [d.name for d in physical])
-  share = placement.gpu_share(cluster, len(indices),
-                                hardware_lib.visible_gpus_named())
-  if share is not None:
-    indices = [indices[i] for i in share]
   if len(indices) == len(physical):
     return
   try:

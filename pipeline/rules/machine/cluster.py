@@ -57,9 +57,13 @@ class Cluster:
   # JAX's cluster_detection_method for this engine, where JAX reads its
   # variables itself; None: the fields above are passed to it.
   jax_detects: Optional[str] = None
-  # The engine gave each process its own GPUs (`srun --gpus-per-task`):
-  # a process keeps every GPU it sees.
-  gpus_bound: bool = False
+  # What the engine gave this process's task, where it says
+  # (placement.bind checks what the process is shown against it): GPUs per
+  # task (`srun --gpus-per-task`), the node's GPUs for its tasks, and how
+  # it bound them ('per_task:2', 'none', 'closest'; '' unsaid).
+  gpus_per_task: Optional[int] = None
+  gpus_on_node: Optional[int] = None
+  gpu_bind: str = ''
   # What says how many processes share this host, for a message.
   local_size_from: str = ''
   host: str = ''  # The node this process runs on, where the engine says.
@@ -192,14 +196,31 @@ def _slurm(environ):
       local_rank=_integer(environ, 'SLURM_LOCALID'),
       local_size=per_node[node_id] if node_id < len(per_node) else 1,
       job=environ['SLURM_JOB_ID'], jax_detects='slurm',
-      # --gpus-per-task, --gpu-bind: Slurm 22.05 says so in SLURMD_TRES_BIND
-      # (gpu:per_task:2), later ones in SLURM_GPUS_PER_TASK too.
-      gpus_bound=bool(environ.get('SLURM_GPUS_PER_TASK') or
-                      'gpu:' in environ.get('SLURMD_TRES_BIND', '')),
+      **_slurm_gpus(environ),
       local_size_from='SLURM_STEP_TASKS_PER_NODE',
       host=environ.get('SLURMD_NODENAME', ''),
       node_list=environ['SLURM_STEP_NODELIST'], tasks_per_node=tuple(per_node),
       layout=_slurm_layout(environ))
+
+
+def _slurm_gpus(environ):
+  """What Slurm gave a step's task: --gpus-per-task (Slurm 22.05 says so in
+  SLURMD_TRES_BIND, gpu:per_task:2; later ones in SLURM_GPUS_PER_TASK,
+  which may name a type, a100:2), the GPUs its node has for the step
+  (SLURM_GPUS_ON_NODE), and how they are bound (gpu:none,
+  gpu:closest)."""
+  bind = environ.get('SLURMD_TRES_BIND', '')
+  bind = bind.split('gpu:', 1)[1].split(',')[0] if 'gpu:' in bind else ''
+  per_task = environ.get('SLURM_GPUS_PER_TASK', '').rsplit(':', 1)[-1] or (
+      bind.split(':')[-1] if bind.startswith('per_task:') else '')
+  try:
+    return {'gpus_per_task': int(per_task) if per_task else None,
+            'gpus_on_node': _integer(environ, 'SLURM_GPUS_ON_NODE'),
+            'gpu_bind': f'gpu:{bind}' if bind else ''}
+  except ValueError:
+    raise UserError(f'Slurm says {per_task!r} GPUs per task '
+                    '(SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND): not a count') \
+        from None
 
 
 def _slurm_layout(environ):

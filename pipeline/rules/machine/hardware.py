@@ -33,7 +33,7 @@ class Hardware:
   # there are any ('Slurm (job 7)': pipeline/rules/machine/cluster.py).
   cluster: str = ''
   # The GPUs this process takes of those its host shows it, and why
-  # (cluster.share_line); '' without any.
+  # (placement.Binding.line); '' without any.
   gpu_share: str = ''
   # A TPU Node's workers (--tpu=NAME or grpc://) run on other hosts and read
   # only gs:// paths; a TPU VM's (--tpu=local) are this host.
@@ -80,15 +80,6 @@ def visible_gpu_count(environ=os.environ):
   if visible is not None:
     return len([entry for entry in visible.split(',') if entry.strip()])
   return nvidia_gpus()
-
-
-def visible_gpus_named(environ=os.environ):
-  """What lists the GPUs a process sees, for a message:
-  'CUDA_VISIBLE_DEVICES=0,1' where it is set (Slurm sets it per task),
-  else the driver."""
-  visible = environ.get('CUDA_VISIBLE_DEVICES')
-  return f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else (
-      'nvidia-smi -L')
 
 
 def gpu_memory_mib():

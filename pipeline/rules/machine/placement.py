@@ -1,59 +1,136 @@
 """Where this process's work lands on its host: the GPUs it takes of those
-its host shows it, as the plan names them, and whether the address its
-host's name resolves to lets the other hosts reach it. Pure functions of a
-cluster.Cluster and the environment.
-"""
+its host shows it, checked against what its engine gave its task, and
+whether the address its host's name resolves to lets the other hosts
+reach it. Pure functions of a cluster.Cluster and the environment; the
+launchers apply the GPUs before TensorFlow or JAX load (bind)."""
+
+import dataclasses
 
 from pipeline.errors import UserError
 
+VISIBLE = 'CUDA_VISIBLE_DEVICES'
 
-def gpu_share(cluster, visible_gpus, gpus_from='the driver'):
-  """Indices of the GPUs this process trains on among the `visible_gpus` its
-  host shows it (`gpus_from` says what listed them); None where it shows
-  none.
 
-  All where it is alone on its host, or its engine bound it to its own
-  (`srun --gpus-per-task=N` shows each task its N); otherwise an equal
-  share by local rank. JAX's own rule (one GPU per local rank, jax#16788)
-  would leave one process per 8-GPU host training on one GPU of eight.
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """The GPUs this process trains on: `entries` of what it was shown (as
+  CUDA_VISIBLE_DEVICES names them), and why."""
+  entries: tuple
+  why: str
+  shown: str  # What showed the process its GPUs: 'CUDA_VISIBLE_DEVICES=...'.
+
+  def line(self, environ):
+    """As the plan prints it, with what `environ` shows the process now:
+    'GPUs 2,3 (its share ...; CUDA_VISIBLE_DEVICES=2,3 of
+    CUDA_VISIBLE_DEVICES=0,1,2,3)'."""
+    now = environ.get(VISIBLE)
+    now = f'{VISIBLE}={now}' if now is not None else self.shown
+    return (f'GPUs {",".join(self.entries)} ({self.why}; {now}'
+            + ('' if self.shown == now else f' of {self.shown}') + ')')
+
+
+def bind(cluster, environ, driver_gpus):
+  """This process's Binding, or None where it is shown no GPU.
+
+  Shown: CUDA_VISIBLE_DEVICES' entries where it is set, else the
+  `driver_gpus` nvidia-smi lists. Kept: all where the process is alone on
+  its host; under Slurm, what its task was given (--gpus-per-task, or the
+  node's GPUs, SLURM_GPUS_ON_NODE, over its tasks), all of them where
+  Slurm bound them to the task, its own by local rank where the node's
+  tasks are shown them all (--gpu-bind=none, or a binding that does not
+  isolate); under other engines an equal share by local rank. A count
+  that fits neither is a one-line UserError naming it. JAX's own rule
+  (one GPU per local rank, jax#16788) would leave one process per 8-GPU
+  host training on one GPU of eight.
   """
-  if not visible_gpus:
+  visible = environ.get(VISIBLE)
+  entries = (tuple(e.strip() for e in visible.split(',') if e.strip())
+             if visible is not None else tuple(map(str, range(driver_gpus))))
+  if not entries:
     return None
-  if (cluster is None or cluster.local_size == 1 or cluster.gpus_bound or
-      visible_gpus == 1):
-    return list(range(visible_gpus))
-  if visible_gpus % cluster.local_size:
+  shown = (f'{VISIBLE}={visible}' if visible is not None else
+           f'nvidia-smi -L: {len(entries)}')
+  if cluster is None or (cluster.local_size == 1 and
+                         not cluster.gpus_per_task):
+    return _checked_alone(cluster, entries, shown)
+  asked, source = _asked(cluster)
+  if asked is None:  # An engine that gives no GPUs: an equal share.
+    if len(entries) % cluster.local_size:
+      raise UserError(
+          f'{cluster.local_size} processes on this host '
+          f'({cluster.local_size_from or cluster.engine}) cannot share its '
+          f'{len(entries)} GPUs ({shown}) equally: give each its own '
+          '(CUDA_VISIBLE_DEVICES per process), or start one process per '
+          'host or one per GPU')
+    return _share(cluster, entries, len(entries) // cluster.local_size,
+                  shown, f'{cluster.engine} binds no GPUs')
+  if len(entries) == asked:
+    return Binding(entries, f'bound to this task by {cluster.engine}: '
+                   f'{source}', shown)
+  if len(entries) == asked * cluster.local_size:
+    return _share(cluster, entries, asked, shown,
+                  f'{source}; {cluster.engine} bound none ({cluster.gpu_bind})'
+                  if cluster.gpu_bind else
+                  f'{source}; {cluster.engine} bound none')
+  raise UserError(
+      f'{cluster.engine} gave this task {asked} GPU(s) ({source}), but it is '
+      f'shown {len(entries)} ({shown}): neither its own {asked} nor the '
+      f'{asked * cluster.local_size} of the {cluster.local_size} tasks on '
+      'this node; ask for whole GPUs per task (srun --gpus-per-task=N) or '
+      'per node, with a --gpu-bind that isolates them or none')
+
+
+def _checked_alone(cluster, entries, shown):
+  """A process alone on its host keeps what it is shown; under Slurm, what
+  its node has for it, where Slurm says."""
+  on_node = cluster and cluster.gpus_on_node
+  if on_node and len(entries) != on_node:
     raise UserError(
-        f'{cluster.local_size} processes on this host '
-        f'({cluster.local_size_from or cluster.engine}) cannot share its '
-        f'{visible_gpus} GPUs ({gpus_from}) equally: give each its own '
-        '(srun --gpus-per-task=N), or start one process per host or one '
-        'per GPU')
-  share = visible_gpus // cluster.local_size
-  return list(range(cluster.local_rank * share,
-                    (cluster.local_rank + 1) * share))
+        f'{cluster.engine} gave this node {on_node} GPU(s) '
+        f'(SLURM_GPUS_ON_NODE) for its one task, which is shown '
+        f'{len(entries)} ({shown}); set CUDA_VISIBLE_DEVICES to its own, or '
+        'ask Slurm for the GPUs it is shown')
+  return Binding(entries, 'all this host shows it', shown)
 
 
-def share_line(cluster, share, environ):
-  """The GPUs `share` (gpu_share's indices) names, as the plan prints
-  them: 'GPUs 2,3 (its share of 4, 2 processes on this host;
-  CUDA_VISIBLE_DEVICES=0,1,2,3)'; '' without any."""
-  if share is None:
-    return ''
-  visible = environ.get('CUDA_VISIBLE_DEVICES')
-  entries = [e.strip() for e in visible.split(',')] if visible else []
-  names = [entries[i] if entries else str(i) for i in share]
-  shown = (f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else
-           'nvidia-smi -L')
-  if cluster and cluster.gpus_bound:
-    why = f'bound to this task by {cluster.engine}'
-  elif cluster and cluster.local_size > 1 and len(share) < max(
-      len(entries), 1):
-    why = (f'its share of {len(entries)}, {cluster.local_size} processes on '
-           'this host')
-  else:
-    why = 'all this host shows it'
-  return f'GPUs {",".join(names)} ({why}; {shown})'
+def _asked(cluster):
+  """(GPUs the task was given, what says so); (None, '') where the engine
+  gives none."""
+  if cluster.gpus_per_task:
+    return cluster.gpus_per_task, f'--gpus-per-task={cluster.gpus_per_task}'
+  if cluster.gpus_on_node:
+    on_node, tasks = cluster.gpus_on_node, cluster.local_size
+    if on_node % tasks:
+      raise UserError(
+          f'{cluster.engine} gave this node {on_node} GPUs '
+          f'(SLURM_GPUS_ON_NODE) for {tasks} tasks '
+          f'({cluster.local_size_from}), which cannot share them equally: '
+          'ask for --gpus-per-task=N, or as many tasks as GPUs divide into')
+    return on_node // tasks, (f"{on_node // tasks} of the node's {on_node} "
+                              f'(SLURM_GPUS_ON_NODE) for each of its {tasks} '
+                              'tasks')
+  return None, ''
+
+
+def _share(cluster, entries, each, shown, reason):
+  rank = cluster.local_rank
+  return Binding(entries[rank * each:(rank + 1) * each],
+                 f'its share of {len(entries)}, by local rank {rank} of '
+                 f'{cluster.local_size}: {reason}', shown)
+
+
+_bound = []
+
+
+def keep(binding):
+  """Remembers the process's Binding (the launchers' environment.prepare
+  made it); the plan prints it."""
+  _bound[:] = [binding]
+
+
+def chosen():
+  """The Binding `keep` kept, or None (a process that chose none)."""
+  return _bound[0] if _bound else None
 
 
 def unreachable_host_name(cluster, hostname, resolve):
