@@ -195,8 +195,9 @@ def _task_pid(workdir, rank):
 
 def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
     slurm, tfds_dir, tmp_path):
-  """The repository's batch script, as it is, over the two nodes (the
-  command line asks for their 4 GPUs each, where the script asks for 8).
+  """The repository's batch script, as it is, submitted from outside the
+  checkout, over the two nodes (the command line asks for their 4 GPUs
+  each, where the script asks for 8).
   `scancel` mid-run: every task ends with 143 and a committed checkpoint;
   the same sbatch, waited for, resumes from it and finishes, one process
   on each node with all of its GPUs."""
@@ -205,9 +206,10 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
   args = _train_args(workdir, tfds_dir, 2)
   sbatch = ['sbatch', '--parsable', '--gpus-per-node=4']
   first_log = tmp_path / 'first.out'
+  # Submitted from another folder: the script finds its checkout.
   job = subprocess.run(
-      [*sbatch, f'--output={first_log}', script, *args], cwd=REPO, env=slurm,
-      capture_output=True, text=True, check=True).stdout.strip()
+      [*sbatch, f'--output={first_log}', script, *args], cwd=tmp_path,
+      env=slurm, capture_output=True, text=True, check=True).stdout.strip()
   _wait_for(first_log, r'First execution',
             lambda: bool(_job_state(slurm, job)))
   subprocess.run(['scancel', job], env=slurm, check=True)
@@ -222,8 +224,9 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
 
   second_log = tmp_path / 'second.out'
   second = subprocess.run(
-      [*sbatch, '--wait', f'--output={second_log}', script, *args], cwd=REPO,
-      env=slurm, check=True, timeout=900, capture_output=True, text=True)
+      [*sbatch, '--wait', f'--output={second_log}', script, *args],
+      cwd=tmp_path, env=slurm, check=True, timeout=900, capture_output=True,
+      text=True)
   output = second_log.read_text()
   assert f'Resuming at step {stopped} of 16' in output, output[-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
@@ -308,46 +311,89 @@ def _stand_in_nvidia_smi(folder):
   return path.parent
 
 
-@pytest.mark.slow  # Two minutes' time limit, then ten: 2 to 4 minutes.
-@pytest.mark.skipif(BACKEND == 'jax', reason='the requeue is the batch '
-                    "script's, the same on both backends: on TensorFlow, "
-                    'whose runs start faster (a JAX run stops and resumes '
-                    'in tests/test_jax_backend.py)')
-def test_a_job_at_its_time_limit_commits_requeues_and_finishes(
+# Per backend: the time limit (minutes) and steps of the requeue test. The
+# signal comes a minute before the limit, or up to a minute earlier (Slurm
+# checks limits about once a minute): a TensorFlow segment trains 45 to 105
+# s (2-3 steps a second here), a JAX one, whose start takes a minute, a
+# minute less. Enough steps that two segments cannot finish the run.
+REQUEUE = {'tensorflow': (2, 100), 'jax': (3, 100)}
+
+
+@pytest.mark.slow  # Three segments of up to two or three minutes each.
+def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
     slurm, tfds_dir, tmp_path):
-  """The batch script as it is, with a time limit of two minutes and the
-  signal a minute before it (Slurm may send it up to a minute early):
-  every task commits a checkpoint, the job requeues itself and resumes,
-  same job id, appending to its output. Once it has resumed, the limit
-  becomes ten minutes, so the job finishes however far each short segment
-  got (Slurm's signal comes anywhere in its minute: 2 to 54 steps here).
-  480 steps: an unloaded machine once trained all of 240 before the first
-  signal, and a run that has ended has nothing to commit."""
+  """The batch script with an `srun hostname` added before the training
+  step (the time limit's TERM must still find the training step), copied
+  out of the checkout and submitted from another folder (PIPELINE_DIR
+  names the checkout), with a time limit shorter than the run: each time
+  every task commits a checkpoint, the job requeues itself (same job id,
+  output appended) and resumes where it stopped; after the second resume
+  the limit becomes 15 minutes, and the run finishes."""
+  minutes, epochs = REQUEUE[BACKEND]
   workdir = tmp_path / 'run'
   log = tmp_path / 'job.out'
-  script = os.path.join(REPO, 'launch', 'train.sbatch')
+  script = tmp_path / 'train.sbatch'
+  original = open(os.path.join(REPO, 'launch', 'train.sbatch')).read()
+  training = original.index('(srun --cpus-per-task')
+  script.write_text(original[:training] + 'srun hostname\n' +
+                    original[training:])
   job = subprocess.run(
-      ['sbatch', '--parsable', '--gpus-per-node=0', '--time=2',
-       '--signal=B:USR1@60', f'--output={log}', script,
-       *_train_args(workdir, tfds_dir, 60)], cwd=REPO, env=slurm,
-      capture_output=True, text=True, check=True).stdout.strip()
-  _wait_for(log, 'Resuming at step', lambda: bool(_job_state(slurm, job)),
-            timeout=420)
-  subprocess.run(['scontrol', 'update', f'JobId={job}', 'TimeLimit=10'],
+      ['sbatch', '--parsable', '--gpus-per-node=0', f'--time={minutes}',
+       '--signal=B:USR1@60', f'--output={log}', str(script),
+       *_train_args(workdir, tfds_dir, epochs)], cwd=tmp_path,
+      env=dict(slurm, PIPELINE_DIR=REPO), capture_output=True, text=True,
+      check=True).stdout.strip()
+  running = lambda: bool(_job_state(slurm, job))
+  # Both tasks say where they resume: the third such line is the second
+  # resume's.
+  _wait_until(lambda: log.read_text().count('Resuming at step') >= 3 or
+              not running(), 'a second resume', timeout=900)
+  subprocess.run(['scontrol', 'update', f'JobId={job}', 'TimeLimit=15'],
                  env=slurm, check=True)
-  deadline = time.monotonic() + 570
-  while time.monotonic() < deadline and not (
-      (workdir / 'metrics.json').exists() and not _job_state(slurm, job)):
-    time.sleep(2)
+  _wait_until(lambda: (workdir / 'metrics.json').exists() and not running(),
+              'end of the job', timeout=900)
   output = log.read_text()
-  assert (workdir / 'metrics.json').exists(), output[-3000:]
-  assert (f'train.sbatch: the time limit is near; every task commits a '
-          f'checkpoint, then job {job} requeues and resumes from it') in output
-  assert re.search(r'Resuming at step \d+ of 480', output), output[-3000:]
-  assert re.search(r'preempted: SIGTERM: checkpoint of step \d+ committed',
-                   output), output[-3000:]
-  assert 'Traceback' not in output
+  assert output.count(f'train.sbatch: the time limit is near; every task '
+                      f'commits a checkpoint, then job {job} requeues and '
+                      'resumes from it') == 2, output[-3000:]
+  stopped = [int(step) for step in re.findall(
+      r'preempted: SIGTERM: checkpoint of step (\d+) committed', output)]
+  resumed = [int(step) for step in re.findall(
+      rf'Resuming at step (\d+) of {8 * epochs}', output)]
+  # Each task says it stopped; each segment resumes where the last stopped.
+  assert len(stopped) == 4 and stopped[0] == stopped[1] < stopped[2] == (
+      stopped[3]), output[-3000:]
+  assert resumed[::2] == [stopped[0], stopped[2]], output[-3000:]
+  # The step before the training step ran in every segment, on each node.
+  assert output.count('slurmnode1\n') >= 3
+  assert 'Traceback' not in output and 'not requeued' not in output
   assert re.search(r'Done: eval_accuracy [\d.]+, ', output), output[-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['joined_by'] == f'Slurm (job {job})'
-  assert metrics['total_steps'] == 480 and metrics['initial_step'] > 0
+  assert metrics['initial_step'] == stopped[2]
+
+
+@pytest.mark.parametrize('said, tasks, requeued', [
+    ('srun: error: slurmnode0: task 0: Exited with exit code 143\n'
+     'srun: error: slurmnode1: task 1: Exited with exit code 143\n', 2, True),
+    ('srun: error: slurmnode0: tasks 0-1,3: Exited with exit code 143\n'
+     'srun: error: slurmnode1: task 2: Exited with exit code 143\n', 4, True),
+    # A task that crashed beside one that stopped: srun returns 143 all
+    # the same.
+    ('srun: error: slurmnode0: task 0: Exited with exit code 143\n'
+     'srun: error: slurmnode1: task 1: Exited with exit code 1\n', 2, False),
+    ('srun: error: slurmnode1: task 1: Segmentation fault\n'
+     'srun: error: slurmnode0: task 0: Exited with exit code 143\n', 2, False),
+    # One that never said it stopped.
+    ('srun: error: slurmnode0: task 0: Exited with exit code 143\n', 2, False),
+])
+def test_the_requeue_reads_every_tasks_exit(said, tasks, requeued, tmp_path):
+  """The batch script's rule (its all_stopped, run by bash as it is in the
+  script): requeue only where srun says every task exited 143."""
+  script = open(os.path.join(REPO, 'launch', 'train.sbatch')).read()
+  rule = re.search(r'^all_stopped\(\) \{\n.*?^\}\n', script,
+                   re.M | re.S).group(0)
+  (tmp_path / 'said').write_text(said)
+  result = subprocess.run(['bash', '-c', f'{rule}\nall_stopped {tasks} '
+                           f'{tmp_path / "said"}'], check=False)
+  assert (result.returncode == 0) == requeued
