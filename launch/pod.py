@@ -45,6 +45,9 @@ _LOGS = flags.DEFINE_string(
 _RECONNECT_WAIT_S = flags.DEFINE_float(
     'reconnect_wait_s', 10, 'After a dropped connection to a worker (ssh '
     'exit 255), how long to wait before following its trainer again.')
+_HEALTHY_S = flags.DEFINE_float(
+    'healthy_s', 300, 'A connection to a worker that stayed up this long '
+    'starts the count of dropped connections again (3 in a row give up).')
 _STOP_WAIT_S = flags.DEFINE_float(
     'stop_wait_s', 300, 'Once a worker fails, how long the others get to '
     'commit a checkpoint after SIGTERM before SIGKILL.')
@@ -58,7 +61,8 @@ def main(argv):
     status = pod_slice.run(
         pod_slice.Slice(_TPU.value, _ZONE.value, _PROJECT.value),
         _REPO_DIR.value, _PYTHON.value, train_args, log_dir,
-        _STOP_WAIT_S.value, reconnect_wait_s=_RECONNECT_WAIT_S.value)
+        _STOP_WAIT_S.value, reconnect_wait_s=_RECONNECT_WAIT_S.value,
+        healthy_s=_HEALTHY_S.value)
   except UserError as e:
     sys.exit(f'error: {e}')
   sys.exit(status)

@@ -23,7 +23,7 @@ from conftest import REPO
 from conftest import tiny_args
 
 STAND_IN = f'''#!{sys.executable}
-import json, os, subprocess, sys
+import json, os, subprocess, sys, threading
 args = sys.argv[1:]
 workers = json.load(open(os.environ['GCLOUD_STAND_IN_WORKERS']))
 with open(os.environ['GCLOUD_STAND_IN_CALLS'], 'a') as calls:
@@ -36,11 +36,30 @@ options = dict(a[2:].split('=', 1) for a in args if a.startswith('--'))
 if options['worker'] != 'all':
   worker = int(options['worker'])
   env = dict(os.environ, **workers[worker])
+  # What ssh and gcloud say of each connection, on stderr.
+  sys.stderr.write(f"Warning: Permanently added 'tpu.{{worker}}' (ED25519) "
+                   "to the list of known hosts.\\n")
+  sys.stderr.flush()
   if os.environ.get('GCLOUD_STAND_IN_DROPS') == str(worker):
-    # The connection drops at once; what it started on the worker goes on.
-    subprocess.Popen(['bash', '-c', options['command']], env=env,
-                     stdout=subprocess.DEVNULL, start_new_session=True)
-    sys.exit(255)
+    # The connection drops after GCLOUD_STAND_IN_UP_S seconds (0: at once),
+    # mid-line or not; what it started on the worker goes on.
+    # (As ssh would, the remote shell's stderr goes with the connection.)
+    remote = subprocess.Popen(['bash', '-c', options['command']], env=env,
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    def copy():
+      while chunk := remote.stdout.read1(7):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+    copying = threading.Thread(target=copy, daemon=True)
+    copying.start()
+    try:
+      code = remote.wait(timeout=float(os.environ['GCLOUD_STAND_IN_UP_S']))
+      copying.join()
+      sys.exit(code)
+    except subprocess.TimeoutExpired:
+      os._exit(255)
   os.execvpe('bash', ['bash', '-c', options['command']], env)
 sys.exit(max(subprocess.run(['bash', '-c', options['command']],
                             env=dict(os.environ, **env)).returncode
@@ -48,10 +67,22 @@ sys.exit(max(subprocess.run(['bash', '-c', options['command']],
 '''
 
 
-def _launch(tmp_path, workers, train_args, *flags, name='slice', drops=''):
+def _launch(tmp_path, workers, train_args, *flags, name='slice', drops='',
+            up_s=0):
   """`python -m launch.pod` with the stand-in first on PATH; each worker
   its own home (its own ~/.launch-pod); `drops`: the worker whose every
-  connection drops."""
+  connection drops, after `up_s` seconds."""
+  env = _stand_in_env(tmp_path, workers, drops, up_s)
+  return subprocess.run(
+      [sys.executable, '-m', 'launch.pod', f'--tpu={name}', '--zone=z',
+       f'--repo_dir={REPO}', f'--python={sys.executable}',
+       f'--worker_logs={tmp_path / "logs"}', *flags, '--', *train_args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _stand_in_env(tmp_path, workers, drops='', up_s=0):
+  """The environment with the stand-in first on PATH, for `workers` (each
+  its variables), each its own home."""
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir(exist_ok=True)
   (bin_dir / 'gcloud').write_text(STAND_IN)
@@ -59,15 +90,10 @@ def _launch(tmp_path, workers, train_args, *flags, name='slice', drops=''):
   for index, worker in enumerate(workers):
     worker['HOME'] = str(tmp_path / f'home-{index}')
   (tmp_path / 'workers.json').write_text(json.dumps(workers))
-  env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
-             GCLOUD_STAND_IN_WORKERS=str(tmp_path / 'workers.json'),
-             GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'),
-             GCLOUD_STAND_IN_DROPS=drops)
-  return subprocess.run(
-      [sys.executable, '-m', 'launch.pod', f'--tpu={name}', '--zone=z',
-       f'--repo_dir={REPO}', f'--python={sys.executable}',
-       f'--worker_logs={tmp_path / "logs"}', *flags, '--', *train_args],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  return dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
+              GCLOUD_STAND_IN_WORKERS=str(tmp_path / 'workers.json'),
+              GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'),
+              GCLOUD_STAND_IN_DROPS=drops, GCLOUD_STAND_IN_UP_S=str(up_s))
 
 
 def test_every_worker_runs_the_same_command_after_earlier_runs_end(
@@ -150,9 +176,10 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
                      '--reconnect_wait_s=0.5', name=name, drops='1')
     assert result.returncode == 255, result.stdout[-3000:] + result.stderr
     assert ('worker 1: the connection dropped (ssh exit 255); following its '
-            'trainer again in 0.5 s (1 of 3)') in result.stdout
-    assert ('error: lost the connection to worker 1 (ssh exit 255, 3 times); '
-            'the trainers still run on every worker') in result.stdout
+            'trainer again in 0.5 s (1 of 3 in a row)') in result.stdout
+    assert ('error: lost the connection to worker 1 (ssh exit 255, 3 times '
+            'in a row); the trainers still run on every worker') in (
+                result.stdout)
     assert f'--worker=0 \'--command=tail -f ~/.launch-pod/{name}.log\'' in (
         result.stdout)
     assert 'stopping every worker' not in result.stdout
@@ -166,3 +193,52 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
     # Their followers would wait for a status no killed trainer writes.
     subprocess.run(['pkill', '-9', '-f', f'launch-pod/{name}.log'],
                    check=False)
+
+
+def test_connections_that_keep_dropping_are_followed_to_the_end(tmp_path,
+                                                                 tfds_dir):
+  """Worker 1's every connection drops after 2 s, mid-line: each stayed up
+  longer than --healthy_s, so the count starts again and the launcher
+  follows its trainer to the end, however many drops that takes. Its log
+  is the trainer's exactly, every byte once (the offset counts the
+  trainer's output alone, not ssh's lines, which are kept apart)."""
+  name = f'slice-{uuid.uuid4().hex[:8]}'
+  ports = [free_port(), free_port()]
+  result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
+                              for i in range(2)],
+                   tiny_args(str(tmp_path / 'run'), tfds_dir),
+                   '--reconnect_wait_s=0.2', '--healthy_s=1', name=name,
+                   drops='1', up_s=2)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  assert 'all 2 workers finished' in result.stdout
+  drops = result.stdout.count('worker 1: the connection dropped')
+  assert drops > 3, result.stdout[-3000:]  # More than RECONNECTS.
+  assert '(1 of 3 in a row)' in result.stdout
+  assert '(2 of 3 in a row)' not in result.stdout
+  local = (tmp_path / 'logs' / 'worker-1.log').read_text()
+  remote = (tmp_path / 'home-1' / '.launch-pod' / f'{name}.log').read_text()
+  ssh_lines = [line for line in local.splitlines(keepends=True)
+               if line.startswith('[gcloud] ')]
+  assert len(ssh_lines) == drops + 1
+  assert ''.join(line for line in local.splitlines(keepends=True)
+                 if not line.startswith('[gcloud] ')) == remote
+  assert 'Done: ' in remote
+
+
+def test_a_trainer_that_exits_255_is_a_failure_not_a_drop(tmp_path):
+  """A trainer's own exit status 255 is the trainer's: the launcher names
+  the worker and stops the others; it does not follow it again."""
+  python = tmp_path / 'python255'
+  python.write_text('#!/bin/sh\necho "the trainer gives up"\nexit 255\n')
+  python.chmod(0o755)
+  result = subprocess.run(
+      [sys.executable, '-m', 'launch.pod', '--tpu=slice', '--zone=z',
+       f'--repo_dir={REPO}', f'--python={python}',
+       f'--worker_logs={tmp_path / "logs"}', '--stop_wait_s=5', '--'],
+      cwd=REPO, env=_stand_in_env(tmp_path, [{}, {}]), capture_output=True,
+      text=True, timeout=120)
+  assert result.returncode == 255, result.stdout + result.stderr
+  assert ('error: worker 0 exited with status 255 (the trainer gives up)'
+          in result.stdout) or ('error: worker 1 exited with status 255 '
+                                '(the trainer gives up)' in result.stdout)
+  assert 'the connection dropped' not in result.stdout

@@ -132,14 +132,21 @@ def train_command(name, repo_dir, python, train_args):
           + follow_command(name))
 
 
+# The last line a follower prints: the trainer's exit status, which its
+# ssh's own status cannot carry apart from a dropped connection's 255.
+ENDED = 'launch.pod: the trainer exited with status '
+
+
 def follow_command(name, skip_bytes=0):
   """Follows a worker's trainer log from byte `skip_bytes` until its
-  status is written, then exits with that status."""
+  status is written, then prints it (ENDED) and exits with it."""
   log, status = _files(name)
   return (f'while [ ! -e {log} ]; do sleep 0.2; done; '
           f'tail -c +{skip_bytes + 1} -f {log} & '
           f'while [ ! -e {status} ]; do sleep 1; done; sleep 1; kill $!; '
-          f'exit $(cat {status})')
+          # On a line of its own, the log's last line ended or not.
+          f'[ -z "$(tail -c 1 {log})" ] || echo; '
+          f'echo "{ENDED}$(cat {status})"; exit $(cat {status})')
 
 
 @dataclasses.dataclass
@@ -148,20 +155,37 @@ class _Worker:
   index: int
   log_path: str
   process: subprocess.Popen = None
-  received: int = 0  # Bytes of its log shown so far.
-  reconnects: int = 0
+  copying: threading.Thread = None
+  received: int = 0  # Bytes of the trainer's own log shown so far.
+  reconnects: int = 0  # Since the last healthy stretch.
+  followed_at: float = 0.0  # When the current connection began.
+  ended: int = None  # The trainer's exit status, once its follower said.
+
+  def status(self):
+    """The trainer's exit status once its follower ended; SSH_LOST where
+    the connection dropped first; None while it runs."""
+    code = self.process.poll()
+    if code is None:
+      return None
+    self.copying.join(timeout=10)  # Its last lines, ENDED among them.
+    return self.ended if self.ended is not None else (
+        SSH_LOST if code == SSH_LOST else code)
 
 
-# Times a dropped connection to a worker is followed again.
+# Times a dropped connection to a worker is followed again in a row; a
+# connection that stayed up HEALTHY_S starts the count again.
 RECONNECTS = 3
+HEALTHY_S = 300
 
 
 def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
-        out=sys.stdout, reconnect_wait_s=10):
+        out=sys.stdout, reconnect_wait_s=10, healthy_s=HEALTHY_S):
   """Trains on every worker of `pod`; returns the exit status: 0 when every
   worker finished, else the first failure's (a UserError for gcloud's), or
-  SSH_LOST where a worker could not be followed again (its trainers still
-  run). Workers stopped after a failure get `stop_wait_s` to commit."""
+  SSH_LOST where a worker could not be followed again RECONNECTS times in
+  a row (its trainers still run; a connection up `healthy_s` starts the
+  count again). Workers stopped after a failure get `stop_wait_s` to
+  commit."""
   count = workers(pod)
   os.makedirs(log_dir, exist_ok=True)
   print(f'TPU {pod.name}: {count} workers; ending earlier runs on each, '
@@ -175,52 +199,75 @@ def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
   for worker in running:
     _follow(pod, worker, command, out)
   with stopping.armed():
-    status = _watch(pod, running, out, reconnect_wait_s)
+    status = _watch(pod, running, out, reconnect_wait_s, healthy_s)
     if status is None:  # Ctrl-C or SIGTERM here: stop every worker.
       status = 128 + int(stopping.requested())
-    if status != SSH_LOST and any(worker.process.poll() is None
-                                  for worker in running):
+    if status != _LOST and any(worker.process.poll() is None
+                               for worker in running):
       _stop_all(pod, running, out, stop_wait_s)
-  return status
+  return SSH_LOST if status == _LOST else status
+
+
+# What _watch returns where a worker could not be followed again.
+_LOST = 'lost'
 
 
 def _follow(pod, worker, command, out):
-  """Runs `command` on `worker` over ssh, its output appended to the
-  worker's log (worker 0's also shown)."""
+  """Runs `command` on `worker` over ssh: the trainer's log (its stdout)
+  appended to the worker's log (worker 0's also shown), gcloud's and ssh's
+  own lines (its stderr) too, marked, and not counted as the log's."""
   worker.process = subprocess.Popen(
       pod.ssh(worker.index, command), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, start_new_session=True)
-  threading.Thread(target=_copy, args=(worker, out if worker.index == 0
-                                       else None), daemon=True).start()
+      stderr=subprocess.PIPE, start_new_session=True)
+  worker.followed_at = time.monotonic()
+  lock = threading.Lock()
+  worker.copying = threading.Thread(
+      target=_copy, args=(worker, out if worker.index == 0 else None, lock),
+      daemon=True)
+  worker.copying.start()
+  threading.Thread(target=_copy_gcloud, args=(worker, lock),
+                   daemon=True).start()
 
 
-def _copy(worker, out):
-  with open(worker.log_path, 'ab') as log:
-    for line in worker.process.stdout:
+def _copy(worker, out, lock):
+  """The trainer's log as it comes; its follower's ENDED line kept apart."""
+  for line in worker.process.stdout:
+    text = line.decode('utf-8', 'replace')
+    if text.startswith(ENDED):
+      worker.ended = int(text[len(ENDED):])
+      continue
+    with lock, open(worker.log_path, 'ab') as log:
       log.write(line)
-      log.flush()
-      worker.received += len(line)
-      if out:
-        out.write(line.decode('utf-8', 'replace'))
-        out.flush()
+    worker.received += len(line)
+    if out:
+      out.write(text)
+      out.flush()
 
 
-def _watch(pod, running, out, reconnect_wait_s):
+def _copy_gcloud(worker, lock):
+  for line in worker.process.stderr:
+    with lock, open(worker.log_path, 'ab') as log:
+      log.write(b'[gcloud] ' + line)
+
+
+def _watch(pod, running, out, reconnect_wait_s, healthy_s):
   """Waits for every worker; the exit status of the first that fails, 0
-  when all finish, SSH_LOST where one cannot be followed again, None when
+  when all finish, _LOST where one cannot be followed again, None when
   this process is asked to stop."""
   while stopping.requested() is None:
     for worker in running:
-      code = worker.process.poll()
-      if code == SSH_LOST:
+      code = worker.status()
+      if code == SSH_LOST and worker.ended is None:  # The connection's.
+        if time.monotonic() - worker.followed_at >= healthy_s:
+          worker.reconnects = 0
         if worker.reconnects == RECONNECTS:
           _lost(pod, worker, out)
-          return SSH_LOST
+          return _LOST
         worker.reconnects += 1
         print(f'worker {worker.index}: the connection dropped (ssh exit '
               f'{SSH_LOST}); following its trainer again in '
               f'{reconnect_wait_s:g} s ({worker.reconnects} of '
-              f'{RECONNECTS})', file=out, flush=True)
+              f'{RECONNECTS} in a row)', file=out, flush=True)
         time.sleep(reconnect_wait_s)
         _follow(pod, worker, follow_command(pod.name, worker.received), out)
       elif code:
@@ -228,7 +275,7 @@ def _watch(pod, running, out, reconnect_wait_s):
               f'({_last_line(worker.log_path)}); stopping the others; its '
               f'log: {worker.log_path}', file=out, flush=True)
         return code
-    if all(worker.process.poll() == 0 for worker in running):
+    if all(worker.status() == 0 for worker in running):
       print(f'all {len(running)} workers finished', file=out, flush=True)
       return 0
     time.sleep(1)
@@ -239,11 +286,12 @@ def _lost(pod, worker, out):
   log, _ = _files(pod.name)
   follow = shlex.join(pod.ssh(0, f'tail -f {log}'))
   print(f'error: lost the connection to worker {worker.index} (ssh exit '
-        f'{SSH_LOST}, {RECONNECTS} times); the trainers still run on every '
-        f'worker and commit their checkpoints as usual. Follow worker 0 '
-        f'with: {follow} (each worker logs to {log}); running this command '
-        'again ends them and resumes from the last checkpoint. Run launch.pod '
-        'where it can stay connected: tmux, or a VM', file=out, flush=True)
+        f'{SSH_LOST}, {RECONNECTS} times in a row); the trainers still run '
+        'on every worker and commit their checkpoints as usual. Follow '
+        f'worker 0 with: {follow} (each worker logs to {log}); running this '
+        'command again ends them and resumes from the last checkpoint. Run '
+        'launch.pod where it can stay connected: tmux, or a VM', file=out,
+        flush=True)
 
 
 def _last_line(path):
