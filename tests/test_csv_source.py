@@ -109,10 +109,17 @@ def test_named_classes_train_evaluate_and_predict_names_a_file(digits,
   evaluated = run_module('launch.evaluate', f'--workdir={workdir}')
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert f'{metrics["eval_accuracy"]:.4f}' in evaluated.stdout
+  answers = tmp_path / 'predicted.json'
   predicted = run_module('launch.predict', f'--model={workdir}/export',
+                         f'--output={answers}',
                          str(root / 'images' / 'seven' / '0.png'))
   assert predicted.returncode == 0, predicted.stderr[-3000:]
-  assert any(name in predicted.stdout for name in NAMES), predicted.stdout
+  # The classes it answers with are the CSV's names (the file's path, which
+  # names one of them too, is not what is read).
+  (answer,) = json.loads(answers.read_text())
+  top = [row['class'] for row in answer['top']]
+  assert len(top) == 3 and len(set(top)) == 3 and set(top) <= set(NAMES), top
+  assert f"{answer['file']}: {top[0]} " in predicted.stdout
 
 
 def test_integer_labels_train_uncached_counting_both_bad_files(digits,

@@ -136,6 +136,7 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
                              stderr=subprocess.STDOUT)
   _wait_for(log, r'\n1: .*step \d+/160', lambda: first.poll() is None)
   _wait_until(lambda: os.listdir(workdir / 'checkpoints'), 'a checkpoint')
+  committed = _committed_steps(workdir)
   job = subprocess.run(['squeue', '-h', '-n', 'kill', '-o', '%i'], env=slurm,
                        capture_output=True, text=True).stdout.strip()
   os.kill(_task_pid(workdir, 1), signal.SIGKILL)
@@ -147,7 +148,6 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
       'never answered', tasks[0]), output[-3000:]
   assert 'Traceback' not in output, output[-3000:]
   assert _exited(output, 1) == {0}, output[-3000:]
-  assert os.listdir(workdir / 'checkpoints'), 'no checkpoint before the kill'
 
   # The same srun, shortened to 2 epochs (16 steps): resumes and finishes.
   again = subprocess.run([*command[:-1], '--config.epochs=2'], cwd=REPO,
@@ -158,11 +158,21 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['num_workers'] == 2 and metrics['joined_by'].startswith(
       'Slurm (job ')
-  assert 0 < metrics['initial_step'] <= 16
+  # It resumed from the newest checkpoint, no older than those committed
+  # before the kill.
+  assert max(committed) <= metrics['initial_step'] <= 16
+  assert metrics['initial_step'] in _committed_steps(workdir)
   assert f'Resuming at step {metrics["initial_step"]} of 16' in output
   # Only rank 0 wrote the workdir: one end in its log, both runs' starts.
   run_log = (workdir / 'run.log').read_text()
   assert run_log.count('] Done: ') == 1 and run_log.count('] Run: ') == 2
+
+
+def _committed_steps(workdir):
+  """The steps of the checkpoints `workdir` holds (ckpt-N.index files)."""
+  return [int(name.split('-')[1].split('.')[0]) for name in
+          os.listdir(workdir / 'checkpoints') if re.fullmatch(
+              r'ckpt-\d+\.(index|weights\.h5)', name)]
 
 
 def _exited(output, status):
