@@ -9,33 +9,20 @@ overridden on the command line, e.g. --config.epochs=5.
 
 import ml_collections
 
+from pipeline.data import sources
+from pipeline.recipe import schedules
+
 
 def get_config():
   """The default run; other configs import this and change a few fields."""
   config = ml_collections.ConfigDict()
 
-  # Data: a tensorflow-datasets image classification name, 'tfrecord', or
-  # 'image_folder'.
+  # Data: a source of pipeline/data/sources/ by name (the README's table),
+  # or any tensorflow-datasets image classification name; each source's own
+  # keys (data_dir, train_files, train_csv, ...) and their defaults are
+  # its module's, added here.
   config.dataset = 'sklearn_digits'
-  config.data_dir = ''  # tfds data_dir (local or gs://); '' is tfds' default.
-  config.train_split = 'train'  # tfds split spec, e.g. 'train[:90%]'.
-  config.eval_split = ''  # '' picks 'validation', else 'test'.
-  # dataset='tfrecord': globs of files with image/encoded, image/class/label.
-  config.train_files = ''
-  config.eval_files = ''
-  # dataset='image_folder': a folder of class folders (local or gs://);
-  # without eval_dir, eval_fraction of each class is held out.
-  config.train_dir = ''
-  config.eval_dir = ''
-  # dataset='csv': a CSV of image paths and labels (data/csv_files.py);
-  # without eval_csv, eval_fraction of its rows are held out.
-  config.train_csv = ''
-  config.eval_csv = ''
-  config.eval_fraction = 0.1
-  config.num_classes = 0  # tfrecord: needed; image_folder: its folders.
-  config.label_offset = 0  # 1 for ImageNet TFRecords, which count from 1.
-  config.num_train_examples = 0  # 0: count the records once at start.
-  config.num_eval_examples = 0
+  _add_keys(config, sources.SOURCES)
   config.image_size = 32
   # 'memory': decoded images where they fit in half the free RAM, else the
   # encoded records (decoded and cropped each epoch); a local file prefix:
@@ -43,9 +30,8 @@ def get_config():
   # decodes (a JPEG's crop window alone is decoded).
   config.cache = 'memory'
   config.shuffle_buffer = 10_000
-  # none, translate, translate_flip, inception (random resized crop as in
-  # tensorflow/tpu's ImageNet input, + flip; eval takes the central 87.5%),
-  # inception_randaugment. Not a flip here: a mirrored 2 is no 2.
+  # A transform of pipeline/data/augmentations.py (the README's table). Not
+  # a flip here: a mirrored 2 is no 2.
   config.augment = 'translate'
   # Batch-level mixup and CutMix: Beta(alpha, alpha) blends; 0 is off, both
   # on alternate at random. Labels become soft; training accuracy then
@@ -61,19 +47,16 @@ def get_config():
   # its workers run the training input. '' runs it here.
   config.data_service = ''
 
-  # Model: efficientnet_b0 ... _b7, efficientnetv2_b0 ... _b3, _s, _m, _l.
+  # A network of pipeline/recipe/models/ by name (the README's table).
   config.model = 'efficientnet_b0'
   config.dropout_rate = 0.2
-  # Stochastic depth: keras.applications' drop_connect_rate (block i of n
+  # Stochastic depth, where the network has it (EfficientNet: block i of n
   # drops its residual branch with probability about rate * i / n).
   config.drop_connect_rate = 0.2
   # 0.99 (keras.applications') lags too far behind in a run of minutes.
   config.batch_norm_momentum = 0.9
-  # The form of two layers, the same weights either way
-  # (pipeline/recipe/layers.py): batch norm 'one_pass' (statistics in one
-  # pass, a written-out gradient: fewer reads of each activation) or 'keras'
-  # (keras.applications' own); squeeze-and-excite's 1x1 convolutions on a
-  # 1x1 map as 'matmul' (matrix products) or 'conv' (convolutions).
+  # The form of two layers, the same weights either way (the forms of
+  # pipeline/recipe/layers.py): fewer reads of each activation.
   config.batch_norm = 'one_pass'
   config.squeeze_excite = 'matmul'
 
@@ -84,14 +67,14 @@ def get_config():
   # rounded down to whole batches. launch.compare sets it so runs with
   # different batches see the same examples.
   config.examples_per_epoch = 0
-  config.optimizer = 'adamw'  # adamw, sgd (Nesterov), rmsprop.
+  # An optimizer of pipeline/recipe/optimizers.py, on a learning-rate
+  # schedule of pipeline/recipe/schedules.py (each its own keys, added
+  # here), after warmup_epochs of linear warmup.
+  config.optimizer = 'adamw'
   config.base_learning_rate = 1e-2
   config.warmup_epochs = 2.0
-  # 'cosine' or 'linear' to 0 at the end, or 'exponential': x lr_decay_rate
-  # every lr_decay_epochs (a staircase), as tensorflow/tpu's EfficientNet.
   config.lr_schedule = 'cosine'
-  config.lr_decay_rate = 0.97
-  config.lr_decay_epochs = 2.4
+  _add_keys(config, schedules.SCHEDULES)
   config.weight_decay = 0.05  # Decoupled (the optimizer's), not in the loss.
   config.l2_weight_decay = 0.0  # l2 * sum(w^2) / 2 in the loss instead.
   config.label_smoothing = 0.1
@@ -115,7 +98,7 @@ def get_config():
 
   # Execution. Steps per compiled call: fewer host round trips. 0 picks one
   # for the device: 100 on TPU, 8 on CPU and GPU, fewer where 1 GiB of
-  # staged input per device holds fewer (pipeline/rules/speed/schedule.py).
+  # staged input per device holds fewer (pipeline/rules/speed/step_counts.py).
   config.steps_per_execution = 0
   # Where XLA's compiled programs are kept across runs: '' a per-user folder
   # on a GPU or TPU (off on a CPU), 'off', or a local folder (any device).
@@ -142,3 +125,9 @@ def get_config():
   config.recovery_max_trials = 3
   config.recovery_max_skipped_executions = 5
   return config
+
+
+def _add_keys(config, table):
+  """Each part of `table`'s own config keys, at their defaults."""
+  for name, key in table.keys().items():
+    config[name] = key.default

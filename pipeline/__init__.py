@@ -2,22 +2,26 @@
 imports only from its own floor and the floors below it (the bottom first):
 
   errors.py   the one-line errors a run stops with
+  parts.py    named parts: the tables every source, augmentation, model,
+              optimizer and schedule is registered in by name
   storage/    workdirs, their lock, GCS, the checkpoint series and formats
-  data/       sources, decoding, augmentation, caching, the tf.data input
   rules/      what every layer decides by: the request, hardware, the
-              cluster, precision, schedule, stopping, validation, saved
+              cluster, precision, steps, stopping, validation, saved
               measurements
-  recipe/     what both backends compile: model, optimizer, loss, average
+  data/       sources, decoding, augmentation, caching, the tf.data input
+  recipe/     what both backends compile: model, optimizer, loss, average;
+              fine-tuning's first weights
   backends/   the Backend and Trainer interface, TensorFlow's and JAX's
               implementations, and the choice between them
   run/        the resolved plan and the process around it (environment,
               console), and a TPU slice's workers started from one place
   reports/    evaluation, metrics, export, benchmark, compare, predict
-  training/   the loop and its periodic actions, fine-tuning
+  training/   the loop and its periodic actions
 
+rules/ and data/ import neither the other: they stand side by side.
 launch/ parses flags and calls into run/, training/ and reports/.
 tests/test_layout.py holds every import to this order.
 """
 
-FLOORS = ('errors', 'storage', 'data', 'rules', 'recipe', 'backends', 'run',
-          'reports', 'training')
+FLOORS = ('errors', 'parts', 'storage', 'rules', 'data', 'recipe',
+          'backends', 'run', 'reports', 'training')

@@ -18,7 +18,7 @@ from conftest import tiny_args
 from pipeline.reports import compare
 from pipeline.reports import compare_report
 from pipeline.errors import UserError
-from pipeline.rules.speed import schedule
+from pipeline.rules.speed import step_counts
 
 
 def run_compare(*args, timeout=600):
@@ -243,14 +243,14 @@ def test_batch_doubling_keeps_examples_equal():
       ('rewrite_seed0', 128), ('rewrite_seed1', 128)]
   batches = [r.global_batch_size for r in runs]
   # The digits' 1,438 training examples: 11 batches of 128 fit.
-  examples = schedule.examples_per_epoch(0, 1438, batches)
+  examples = step_counts.examples_per_epoch(0, 1438, batches)
   assert examples == 1408
-  steps = {b: schedule.epoch_steps(examples, 1438, b) for b in set(batches)}
+  steps = {b: step_counts.epoch_steps(examples, 1438, b) for b in set(batches)}
   assert steps == {64: 22, 128: 11}
   assert {b * s for b, s in steps.items()} == {1408}
   # Without doubling, the whole set rounded down to the batch, as before.
-  assert schedule.examples_per_epoch(0, 1438, [64, 64]) == 1408
-  assert schedule.epoch_steps(0, 1438, 64) == 22
+  assert step_counts.examples_per_epoch(0, 1438, [64, 64]) == 1408
+  assert step_counts.epoch_steps(0, 1438, 64) == 22
 
 
 @pytest.mark.parametrize('requested, batches, message', [
@@ -259,12 +259,12 @@ def test_batch_doubling_keeps_examples_equal():
 ])
 def test_examples_per_epoch_mistakes(requested, batches, message):
   with pytest.raises(UserError, match=message):
-    schedule.examples_per_epoch(requested, 1438, batches)
+    step_counts.examples_per_epoch(requested, 1438, batches)
 
 
 def test_epoch_steps_refuses_partial_batches():
   with pytest.raises(UserError, match='examples_per_epoch=100 must be 0'):
-    schedule.epoch_steps(100, 1438, 64)
+    step_counts.epoch_steps(100, 1438, 64)
 
 
 def test_children_get_the_overrides_and_the_comparison_settings_last(

@@ -8,12 +8,16 @@ import pytest
 
 from conftest import REPO
 from pipeline import recipe
+from pipeline.data import augmentations
+from pipeline.data import sources
 from pipeline.recipe import models
 from pipeline.rules.config import validation
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in
                  glob.glob(os.path.join(REPO, 'configs', '*.py'))
                  if not p.endswith('__init__.py'))
+
+DATA_TABLES = (sources.SOURCES, augmentations.AUGMENTATIONS)
 
 
 def test_the_issue_keys_exist_in_the_default():
@@ -31,4 +35,4 @@ def test_config_is_valid(name):
   assert config.global_batch_size % 8 == 0  # Splits over 8 TPU cores or GPUs.
   assert config.image_size >= 32
   # Every value passes the checks a run makes before it builds anything.
-  validation.validate(config, 8, recipe.choices())
+  validation.validate(config, 8, recipe.tables(), DATA_TABLES)

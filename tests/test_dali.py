@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_module, run_train
+from pipeline.data import augmentations
 from pipeline.data import dali
 from pipeline.data import dali_index
 from pipeline.data import decode
@@ -68,7 +69,8 @@ def _input(files, training, batch, size, num_classes, augment='none',
       num_examples=examples or sum(1 for f in files
                                    for _ in tf.data.TFRecordDataset(f)),
       image_size=size, num_classes=num_classes, label_offset=0,
-      augment=augment, central_fraction=1.0, shuffle_buffer=64, seed=1,
+      augmentation=augmentations.AUGMENTATIONS[augment],
+      central_fraction=1.0, shuffle_buffer=64, seed=1,
       num_threads=2)
 
 

@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from configs import default
+from pipeline.data import augmentations
 from pipeline.data import inputs
 from pipeline.data import decode
 from pipeline.data import cache
@@ -418,7 +419,7 @@ def test_memory_cache_holds_decoded_then_encoded_then_refuses(tfds_dir):
     cache.choose(config, source, available_bytes=64 * 2**10)
 
 
-@pytest.mark.parametrize('augment', validation.AUGMENTATIONS)
+@pytest.mark.parametrize('augment', augmentations.AUGMENTATIONS.names())
 def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
   config = _config(data_dir=tfds_dir, augment=augment, image_size=32)
   source = sources.load_source(config)
@@ -479,7 +480,10 @@ def _gradient_jpeg(height=300, width=400):
 
 def test_cached_and_uncached_runs_see_the_same_crops(tmp_path):
   """The decoded cache keeps the whole image and samples the same box
-  distribution on it as the uncached path does on the JPEG."""
+  distribution on it as the uncached path does on the JPEG. Seeded: the
+  bounds below hold these 256 crops of each, not every draw (a median of
+  256 areas moves by about 0.03 from draw to draw)."""
+  tf.random.set_seed(0)
   tfrecords.write(str(tmp_path / 'train-0'),
                   [tfrecords.serialize(_gradient_jpeg(), 0)] * 64)
   extents = {}

@@ -50,22 +50,27 @@ def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
   source = sources.load_source(config)
   dataset = inputs.train_input_fn(config, source, 8, service_job='test')(
       tf.distribute.InputContext())
-  # Enough batches that both workers' first passes are among them: the
-  # service hands out whichever worker's batch is ready, and one that
-  # started late may have given only a few of the first 24.
-  batches = list(dataset.take(200))
-  for images, labels, _ in batches:
+  # The service hands out whichever worker's batch is ready: a worker that
+  # started late (a loaded machine) may be read from only after hundreds of
+  # the other's. Batches are read until both workers' first passes have
+  # come, then 100 more.
+  skipped, after_both = 0, None
+  for index, (images, labels, counts) in enumerate(dataset.take(3000)):
     assert images.shape == (8, 32, 32, 3) and images.dtype == tf.uint8
     # Crops of a flat image keep its brightness: image and label together.
     assert np.allclose(images.numpy().mean((1, 2, 3)),
                        40 + 50 * labels.numpy(), atol=3)
+    skipped += int(tf.reduce_sum(counts))
+    if skipped >= 2 and after_both is None:
+      after_both = index + 100
+    if index == after_both:
+      break
   # Both workers run the job (else the pipeline ran here); each streams the
   # whole set and counts its one bad record once, on its cached first pass
   # (its first two batches), never on the passes after; the counts reach
   # the trainer inside the batches.
   assert [w._num_tasks() for w in workers] == [1, 1]  # pylint: disable=protected-access
-  skipped = sum(int(tf.reduce_sum(s)) for _, _, s in batches)
-  assert skipped == 2
+  assert after_both is not None and skipped == 2, skipped
 
 
 @pytest.mark.slow

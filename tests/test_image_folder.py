@@ -26,7 +26,7 @@ from pipeline.data import image_folder
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.recipe import models
-from pipeline.training import finetune
+from pipeline.recipe import finetune
 
 NAMES = ('eight', 'five', 'four', 'nine', 'one', 'seven', 'six', 'three',
          'two', 'zero')  # Sorted: the class indices.

@@ -28,7 +28,7 @@ COMPUTE_PATH = (
     'pipeline.recipe.optimizers', 'pipeline.rules.machine.peaks',
     'pipeline.rules.speed.saved_policy',
     'pipeline.recipe.objective', 'pipeline.recipe.moving_average',
-    'pipeline.rules.speed.precision', 'pipeline.rules.speed.schedule')
+    'pipeline.rules.speed.precision', 'pipeline.rules.speed.step_counts')
 
 _WITHOUT_TENSORFLOW = '''
 import importlib, importlib.abc, os, sys

@@ -14,8 +14,9 @@ import tensorflow as tf
 
 from pipeline.data import augment
 from pipeline.backends.tensorflow import ema as ema_lib
-from pipeline.training import finetune
+from pipeline.recipe import finetune
 from pipeline.recipe import models
+from pipeline.recipe import schedules
 from pipeline.backends.tensorflow import steps
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.storage.workdirs import Workdir
@@ -281,7 +282,7 @@ def test_the_warmup_cosine_schedule_is_keras_own_without_its_branch(
   """Keras' CosineDecay with warmup is a `cond` (a host round trip per step
   on a GPU); ours selects, and gives the same rates, past the end too."""
   from pipeline.recipe import optimizers  # pylint: disable=g-import-not-at-top
-  ours = optimizers.WarmupCosineDecay(0.3, warmup_steps, decay_steps)
+  ours = schedules.WarmupCosineDecay(0.3, warmup_steps, decay_steps)
   theirs = keras.optimizers.schedules.CosineDecay(
       0.0, decay_steps, warmup_target=0.3, warmup_steps=warmup_steps)
   steps = range(warmup_steps + decay_steps + 3)
@@ -295,7 +296,7 @@ def test_the_linear_schedule_warms_up_then_falls_straight_to_zero(
   """After its warmup, Keras' PolynomialDecay of power 1 to 0."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from pipeline.recipe import optimizers  # pylint: disable=g-import-not-at-top
-  ours = optimizers.WarmupLinearDecay(0.3, warmup_steps, decay_steps)
+  ours = schedules.WarmupLinearDecay(0.3, warmup_steps, decay_steps)
   line = keras.optimizers.schedules.PolynomialDecay(0.3, decay_steps, 0.0)
   np.testing.assert_allclose(
       [float(ours(s)) for s in range(warmup_steps)],
@@ -307,6 +308,6 @@ def test_the_linear_schedule_warms_up_then_falls_straight_to_zero(
   config = ml_collections.ConfigDict(dict(
       lr_schedule='linear', warmup_epochs=1.0, lr_decay_epochs=1.0,
       lr_decay_rate=0.97))
-  made = optimizers.learning_rate_schedule(config, 0.3, 40, 10)
+  made = schedules.learning_rate_schedule(config, 0.3, 40, 10)
   assert [round(float(made(s)), 6) for s in (0, 5, 10, 25, 40)] == [
       0.0, 0.15, 0.3, 0.15, 0.0]

@@ -4,7 +4,8 @@ backend of this environment.
 Each config of configs/ with its data swapped for the bundled digits at
 32 px, and each recipe option on the default config: optimizers and
 schedules, moving average, L2, label smoothing, mixup and CutMix,
-RandAugment, accumulation, a V2 model, float16 and bfloat16, fine-tuning
+RandAugment, accumulation, a V2 model, ResNet-50, Keras' own batch norm and
+squeeze-excite forms, float16 and bfloat16, fine-tuning
 from a weights file (backbone frozen first). The run is resolved and built
 as launch.train does, a real batch of its input taken, and every program
 the run compiles is traced with that batch's shapes:
@@ -29,7 +30,7 @@ from configs import default
 from pipeline.data import inputs
 from pipeline.run import plan as plan_lib
 from pipeline.rules.config import request as request_lib
-from pipeline.training import finetune
+from pipeline.recipe import finetune
 
 ON_JAX = keras.backend.backend() == 'jax'
 CONFIGS = sorted(name[:-3] for name in os.listdir(
@@ -48,6 +49,8 @@ OPTIONS = {
     'randaugment': dict(augment='inception_randaugment'),
     'accumulation': dict(gradient_accumulation_steps=2),
     'v2_model': dict(model='efficientnetv2_b0'),
+    'resnet50': dict(model='resnet50'),
+    'keras_layer_forms': dict(batch_norm='keras', squeeze_excite='conv'),
     'float16': dict(policy='mixed_float16'),
     'bfloat16': dict(policy='mixed_bfloat16'),
     'finetune_from_a_file': dict(init_from='WEIGHTS',
@@ -72,7 +75,8 @@ def _cases():
   for name in CONFIGS:
     yield pytest.param(name, {}, id=f'configs/{name}.py', marks=_TIER)
   for name, fields in OPTIONS.items():
-    network = {} if name in ('v2_model', 'finetune_from_a_file') else TINY
+    network = ({} if name in ('v2_model', 'resnet50', 'finetune_from_a_file')
+               else TINY)
     yield pytest.param('default', dict(network, **fields), id=name,
                        marks=_TIER)
 

@@ -23,13 +23,13 @@ from configs import default
 from pipeline import backends
 from pipeline.backends.tensorflow import devices as tf_devices
 from pipeline.backends.tensorflow import workers as tf_workers
-from pipeline.data import kinds
+from pipeline.data import sources
 from pipeline.rules.machine import hardware
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 from pipeline.rules.config import request as request_lib
-from pipeline.rules.speed import schedule
+from pipeline.rules.speed import step_counts
 
 
 # 75 s: the slow tier, beside the two-worker SIGTERM test; the fast suite
@@ -242,7 +242,7 @@ def test_select_gpus_refuses_what_is_not_there(spec, visible, problem):
     (0, 'TPU', 100), (0, 'GPU', 8), (0, 'CPU', 8), (4, 'TPU', 4),
     (1, 'CPU', 1)])
 def test_steps_per_execution_auto_and_explicit(requested, kind, steps):
-  chosen, reason = schedule.choose_steps_per_execution(requested, kind)
+  chosen, reason = step_counts.choose_steps_per_execution(requested, kind)
   assert chosen == steps
   assert ('auto' in reason) == (requested == 0)
 
@@ -252,13 +252,13 @@ def test_auto_steps_per_execution_fit_a_chips_staged_input():
   a chip a step, 38.5 MB; 27 steps fill the 1 GiB staged beside the
   running execution, where 100 would stage 3.9 GB (and as much running)."""
   step_bytes = 2048 // 8 * 224 * 224 * 3
-  chosen, reason = schedule.choose_steps_per_execution(0, 'TPU', step_bytes)
+  chosen, reason = step_counts.choose_steps_per_execution(0, 'TPU', step_bytes)
   assert chosen == 27 == (1 << 30) // step_bytes
   assert reason == ('auto for TPU: as many steps as 1 GiB of staged input '
                     'per device holds (36.8 MiB a step)')
-  assert schedule.choose_steps_per_execution(0, 'GPU', step_bytes)[0] == 8
-  assert schedule.choose_steps_per_execution(0, 'TPU', 2 << 30)[0] == 1
-  assert schedule.choose_steps_per_execution(100, 'TPU', step_bytes)[0] == 100
+  assert step_counts.choose_steps_per_execution(0, 'GPU', step_bytes)[0] == 8
+  assert step_counts.choose_steps_per_execution(0, 'TPU', 2 << 30)[0] == 1
+  assert step_counts.choose_steps_per_execution(100, 'TPU', step_bytes)[0] == 100
 
 
 def _config(**fields):
@@ -281,7 +281,7 @@ def _config(**fields):
      'gs://b/run', ["train_dir='/photos'"]),
 ])
 def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
-  inputs = kinds.of(config).inputs(config)
+  inputs = sources.of(config).inputs(config)
   assert workdirs.remote_tpu_local_paths(config, workdir, inputs) == local
 
 

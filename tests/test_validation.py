@@ -17,14 +17,18 @@ from conftest import REPO
 from conftest import run_module
 from pipeline.reports import evaluation
 from pipeline import recipe
+from pipeline.data import augmentations
+from pipeline.data import sources
 from pipeline.rules.config import validation
 from pipeline.errors import UserError
+
+DATA_TABLES = (sources.SOURCES, augmentations.AUGMENTATIONS)
 
 
 def _checked(**fields):
   config = default.get_config()
   config.update(fields)
-  validation.validate(config, num_replicas=2, recipe_choices=recipe.choices())
+  validation.validate(config, 2, recipe.tables(), DATA_TABLES)
 
 
 def test_the_default_config_passes():
@@ -94,7 +98,7 @@ def test_the_words_for_no_cache_turn_it_off(typed, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   config = default.get_config()
   config.cache = typed
-  validation.validate(config, num_replicas=2, recipe_choices=recipe.choices())
+  validation.validate(config, 2, recipe.tables(), DATA_TABLES)
   assert config.cache == ''
   from pipeline.data import cache  # pylint: disable=g-import-not-at-top
   assert cache.choose(config, None) == ('none', "cache=''")

@@ -9,24 +9,24 @@ import tensorflow as tf
 from pipeline.data import decode
 
 
-def augmenter(kind, size, crop):
-  """The random training transform of a uint8 image for `kind`. `crop`: the
-  image is whole (a decoded cache's) and the random crop is taken here;
-  otherwise decoding took it."""
+def augmenter(augmentation, size, crop):
+  """The random training transform of a uint8 image: `augmentation`'s parts
+  (augmentations.py), in order. `crop`: the image is whole (a decoded
+  cache's) and the random crop is taken here; otherwise decoding took it."""
   randaugment = keras.layers.RandAugment(value_range=(0, 255), num_ops=2,
                                          factor=0.5)
 
   def augment(image):
-    if kind.startswith('translate'):
+    if augmentation.translates:
       pad = max(size // 8, 1)
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.random_crop(image, (size, size, 3))
-    if kind.startswith('inception') and crop:
+    if augmentation.inception_crop and crop:
       image = tf.ensure_shape(decode.crop(image, decode.random_window, size),
                               (size, size, 3))
-    if kind in ('translate_flip', 'inception', 'inception_randaugment'):
+    if augmentation.flips:
       image = tf.image.random_flip_left_right(image)
-    if kind == 'inception_randaugment':
+    if augmentation.randaugment:
       image = decode.to_uint8(randaugment(image))
     return image
 

@@ -11,6 +11,7 @@ import os
 from absl import logging
 import tensorflow as tf
 
+from pipeline.data import augmentations
 from pipeline.data import decode
 from pipeline.storage import gcs
 from pipeline.storage import workdirs
@@ -53,7 +54,7 @@ def choose(config, source, available_bytes=None):
                                          source.num_eval_examples)
   # A decoded cache keeps each training image's aspect (about 4:3) for
   # random crops; evaluation's images are final.
-  aspect = 4 / 3 if config.augment.startswith('inception') else 1
+  aspect = augmentations.of(config).cached_aspect
   decoded = 3 * (source.num_train_examples * size**2 * aspect +
                  source.num_eval_examples * config.image_size**2)
   available = available_bytes or available_memory_bytes()

@@ -6,13 +6,11 @@ hardware JPEG decoder of A100 and H100 (device='mixed'). Without a GPU the
 same pipeline decodes on the CPU.
 
 It reads the TFRecord files tf.data reads, through an index per file
-(dali_index.py), with tf.data's preprocessing: tensorflow/tpu's inception
-crop decoded alone (image_random_crop: 8-100% of the area, aspect 3/4-4/3,
-10 attempts), flips, RandAugment (DALI's own, 2 ops at half magnitude, as
-augment.py's Keras layer), translations, evaluation's central crop, and
-label_offset; the records split into shards (one per host, or per GPU),
-each read by its own pipeline only, in a different order each epoch (a
-shuffle buffer, as tf.data's).
+(dali_index.py), with tf.data's preprocessing (each augmentation's parts,
+augmentations.py: the inception crop decoded alone, flips, DALI's own
+RandAugment, translations), evaluation's central crop, and label_offset;
+the records split into shards (one per host, or per GPU), each read by its
+own pipeline only, in a different order each epoch (a shuffle buffer).
 
 DALI cannot skip a record it cannot decode (a batch is decoded whole:
 NVIDIA/DALI#3913): the run stops in one line naming the record, found by one
@@ -27,8 +25,9 @@ from typing import Optional
 
 from absl import logging
 
+from pipeline.data import augmentations
 from pipeline.data import dali_index
-from pipeline.data import kinds
+from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.storage import user_cache
 
@@ -117,7 +116,7 @@ def saved_rates(gpu_name):
 
 def _refusal(config):
   """Why DALI cannot run `config`, or ''."""
-  if not kinds.of(config).record_files:
+  if not sources.of(config).record_files:
     return ('DALI reads TFRecord files: --config.dataset=tfrecord (write '
             'them with launch.make_tfrecords)')
   if config.mixup_alpha or config.cutmix_alpha:
@@ -158,7 +157,7 @@ class Input:
   image_size: int
   num_classes: int
   label_offset: int
-  augment: str
+  augmentation: augmentations.Augmentation
   central_fraction: float
   shuffle_buffer: int
   seed: Optional[int]
@@ -210,8 +209,8 @@ class Input:
   def _train_image(self, encoded, device):
     from nvidia.dali import fn  # pylint: disable=g-import-not-at-top
     from nvidia.dali import types  # pylint: disable=g-import-not-at-top
-    size, kind = self.image_size, self.augment
-    if kind.startswith('inception'):
+    size, augmentation = self.image_size, self.augmentation
+    if augmentation.inception_crop:
       image = fn.decoders.image_random_crop(
           encoded, device=device, output_type=types.RGB,
           random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
@@ -219,15 +218,15 @@ class Input:
       image = fn.resize(image, resize_x=size, resize_y=size)
     else:
       image = self._central_square(encoded, device, 1.0)
-    if kind.startswith('translate'):  # Zero-padded by size // 8, then cut.
+    if augmentation.translates:  # Zero-padded by size // 8, then cut.
       pad = max(size // 8, 1)
       image = fn.slice(image, fn.random.uniform(
           range=[-pad, pad + 1], dtype=types.INT32, shape=[2]),
                        [size, size], axis_names='WH',
                        out_of_bounds_policy='pad', fill_values=0)
-    if kind in ('translate_flip', 'inception', 'inception_randaugment'):
+    if augmentation.flips:
       image = fn.flip(image, horizontal=fn.random.coin_flip())
-    if kind == 'inception_randaugment':
+    if augmentation.randaugment:
       from nvidia.dali.auto_aug import rand_augment  # pylint: disable=g-import-not-at-top
       image = rand_augment.rand_augment(image, n=RANDAUGMENT_OPS,
                                         m=RANDAUGMENT_MAGNITUDE)
@@ -287,7 +286,8 @@ def _input(config, source, global_batch_size, staging_dir, training,
       num_examples=(source.num_train_examples if training
                     else source.num_eval_examples),
       image_size=config.image_size, num_classes=source.num_classes,
-      label_offset=config.label_offset, augment=config.augment,
+      label_offset=config.label_offset,
+      augmentation=augmentations.of(config),
       central_fraction=decode.central_fraction(config),
       shuffle_buffer=config.shuffle_buffer,
       seed=config.seed if config.deterministic_input else None,

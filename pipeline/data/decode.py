@@ -11,8 +11,8 @@ import re
 
 import tensorflow as tf
 
-# Inception-style runs cache a larger image; eval takes the central 87.5%.
-CENTRAL_FRACTION = 0.875
+from pipeline.data import augmentations
+
 LABEL_ERROR = 'LABEL_OUT_OF_RANGE'
 # As tensorflow/tpu's input: AUTOTUNE kept too few decodes in flight for an
 # ordered map (1,200 vs 1,320 img/s at 224 px on 2 cores; BUILD_NOTES.md).
@@ -39,8 +39,8 @@ def eval_image(encoded, image_size, central_fraction):
 
 
 def central_fraction(config):
-  # Inception-style runs evaluate the central 87.5%, as ImageNet recipes do.
-  return CENTRAL_FRACTION if config.augment.startswith('inception') else 1.0
+  """Of each side, what evaluation crops to, centred (augmentations.py)."""
+  return augmentations.of(config).central_fraction
 
 
 def cache_size(config):
@@ -92,7 +92,8 @@ def random_window(shape):
       area_range=(0.08, 1.0), max_attempts=10,
       use_image_if_no_bounding_boxes=True)
   whole = tf.reduce_all(tf.equal(size[:2], shape[:2]))  # No box was found.
-  return tf.where(whole, central_window(shape, CENTRAL_FRACTION),
+  return tf.where(whole, central_window(shape,
+                                       augmentations.CENTRAL_FRACTION),
                   tf.stack([begin[0], begin[1], size[0], size[1]]))
 
 

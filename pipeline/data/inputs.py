@@ -15,6 +15,7 @@ tf.distribute.InputContext, and batches are per replica.
 import tensorflow as tf
 
 from pipeline.data import augment
+from pipeline.data import augmentations
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
 from pipeline.data import data_service
@@ -102,10 +103,11 @@ def _cached_then_augmented(records, config, source, seed, input_context):
   """
   size = config.image_size
   buffer = min(config.shuffle_buffer, source.num_train_examples)
+  augmentation = augmentations.of(config)
   window, shape_of, image_shape = (
       (decode.whole_window, decode.shorter_side(decode.cache_size(config)),
        (None, None, 3))
-      if config.augment.startswith('inception') else
+      if augmentation.inception_crop else
       (decode.square_window, decode.square(size), (size, size, 3)))
   dataset = cache_lib.apply(decode.decoded_records(
       records, source.parse,
@@ -113,7 +115,7 @@ def _cached_then_augmented(records, config, source, seed, input_context):
       image_shape, source.num_classes), config, 'train', input_context)
   rest = dataset.map(decode.without_skips).shuffle(
       buffer, seed=None if seed is None else seed + 1).repeat()
-  transform = augment.augmenter(config.augment, size, crop=True)
+  transform = augment.augmenter(augmentation, size, crop=True)
   return dataset.shuffle(buffer, seed=seed).concatenate(rest).map(
       lambda image, label, skipped: (transform(image), label, skipped),
       num_parallel_calls=AUTOTUNE)
@@ -128,9 +130,10 @@ def _augmented_as_decoded(records, config, source, seed, input_context,
     records = cache_lib.apply(records, config, 'train', input_context)
   buffer = min(config.shuffle_buffer, source.num_train_examples)
   records = records.shuffle(buffer, seed=seed).repeat()
-  window = (decode.random_window if config.augment.startswith('inception')
+  augmentation = augmentations.of(config)
+  window = (decode.random_window if augmentation.inception_crop
             else decode.square_window)
-  transform = augment.augmenter(config.augment, size, crop=False)
+  transform = augment.augmenter(augmentation, size, crop=False)
   return decode.decoded_records(
       records, source.parse,
       lambda encoded: transform(

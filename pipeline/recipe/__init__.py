@@ -1,21 +1,18 @@
 """What both backends compile: the network, its optimizer, loss and average.
 
-models.py (the EfficientNets with a float32 head), optimizers.py
-(optimizers and learning-rate schedules), objective.py (loss, labels, L2,
-evaluation counts), moving_average.py (the average's rule). Everything
-here that runs inside a compiled step is keras.ops, never TensorFlow: JAX
-traces it too. Imports pipeline.errors and rules/ only.
+models/ (each family of networks, with a float32 head), layers.py (the
+one-pass batch norm and squeeze-excite as matrix products), optimizers.py
+and schedules.py, objective.py (loss, labels, L2, evaluation counts),
+moving_average.py (the average's rule). Everything here that runs inside a
+compiled step is keras.ops, never TensorFlow: JAX traces it too. Imports
+pipeline.parts, pipeline.errors and rules/ only.
 """
 
 
-def choices():
-  """{config key: the names it accepts} for the recipe's named parts, for
-  rules/config/validation.py (which cannot import this floor): a model,
-  optimizer or schedule added to its module's table is accepted from then on."""
+def tables():
+  """The recipe's tables of named parts (pipeline/parts.py): models,
+  optimizers, schedules, and the layer forms."""
   # Here, not at the top: `import pipeline.recipe.x` need not build these.
-  from pipeline.recipe import layers, models, optimizers  # pylint: disable=g-import-not-at-top
-  return {'model': tuple(models.MODELS),
-          'batch_norm': tuple(layers.BATCH_NORMS),
-          'squeeze_excite': tuple(layers.SQUEEZE_EXCITES),
-          'optimizer': tuple(optimizers.OPTIMIZERS),
-          'lr_schedule': tuple(optimizers.SCHEDULES)}
+  from pipeline.recipe import layers, models, optimizers, schedules  # pylint: disable=g-import-not-at-top
+  return (models.MODELS, optimizers.OPTIMIZERS, schedules.SCHEDULES,
+          layers.BATCH_NORMS, layers.SQUEEZE_EXCITES)

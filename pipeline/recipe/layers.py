@@ -22,8 +22,12 @@ channels as few as 4; as products XLA fuses them with their neighbours.
 Everything is keras.ops, so both backends run the same code.
 """
 
+import dataclasses
+
 import keras
 from keras import ops
+
+from pipeline import parts
 
 
 @ops.custom_gradient
@@ -103,11 +107,28 @@ for _layer, _keras_name in ((OnePassBatchNormalization, 'BatchNormalization'),
                             (Conv1x1AsMatmul, 'Conv2D')):
   _layer.__name__ = _layer.__qualname__ = _keras_name
 
-# config.batch_norm and config.squeeze_excite: each name's layer class, and
-# the layers it replaces. 'keras' and 'conv' leave keras.applications' own.
-BATCH_NORMS = {'one_pass': OnePassBatchNormalization,
-               'keras': keras.layers.BatchNormalization}
-SQUEEZE_EXCITES = {'matmul': Conv1x1AsMatmul, 'conv': keras.layers.Conv2D}
+@dataclasses.dataclass(frozen=True, eq=False)
+class Form(parts.Part):
+  """A form of a layer by its config name: the layer class it builds."""
+  name: str
+  description: str
+  layer: type
+
+
+# config.batch_norm and config.squeeze_excite: each form's layer class.
+BATCH_NORMS = parts.Table('batch norm', 'batch_norm')
+BATCH_NORMS.register(Form(
+    'one_pass', 'statistics in one pass of shifted sums, a written-out '
+    'gradient (one reduction, one elementwise pass)',
+    OnePassBatchNormalization))
+BATCH_NORMS.register(Form('keras', "Keras' own (two passes)",
+                          keras.layers.BatchNormalization))
+SQUEEZE_EXCITES = parts.Table('squeeze-excite form', 'squeeze_excite')
+SQUEEZE_EXCITES.register(Form(
+    'matmul', "squeeze-and-excite's 1x1 convolutions on a 1x1 map as matrix "
+    'products', Conv1x1AsMatmul))
+SQUEEZE_EXCITES.register(Form('conv', 'as convolutions (keras.applications)',
+                              keras.layers.Conv2D))
 
 
 def _on_a_pixel(layer):
@@ -123,7 +144,8 @@ def swap(network, batch_norm='one_pass', squeeze_excite='matmul'):
   """`network` (a functional Keras model) with its batch norms and 1x1
   convolutions on a 1x1 map replaced by the named forms, its weights and
   layer names kept; `network` itself where nothing changes."""
-  norm, conv = BATCH_NORMS[batch_norm], SQUEEZE_EXCITES[squeeze_excite]
+  norm = BATCH_NORMS[batch_norm].layer
+  conv = SQUEEZE_EXCITES[squeeze_excite].layer
 
   def replace(layer):
     if type(layer) is keras.layers.BatchNormalization:  # pylint: disable=unidiomatic-typecheck

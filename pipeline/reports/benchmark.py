@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from pipeline.data import dali
 from pipeline.data import inputs
-from pipeline.data import kinds
+from pipeline.data import sources
 from pipeline.run import plan as plan_lib
 from pipeline.data import tfrecords
 from pipeline.rules.machine import peaks
@@ -104,7 +104,7 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
       'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
       'input_images_per_sec_per_core': warm / cores,
   }
-  if kinds.of(config).record_files:
+  if sources.of(config).record_files:
     # Alternated, as neighbours on a shared machine change both alike.
     logging.info('Ours and the reference preprocessing (tensorflow/tpu) on '
                  'the same files, alternated %d times', _ROUNDS)

@@ -20,7 +20,7 @@ from pipeline.data import sources
 from pipeline.rules.machine import stopping
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
-from pipeline.rules.speed import schedule
+from pipeline.rules.speed import step_counts
 
 def parse_seeds(text, default_seed):
   """Seeds from a comma list of integers; '' means [default_seed]."""
@@ -157,7 +157,7 @@ def run_comparison(request, config):
                    request.double_batch_16bit, request.root)
   num_train_examples = (0 if config.examples_per_epoch else
                         sources.load_source(config).num_train_examples)
-  examples_per_epoch = schedule.examples_per_epoch(
+  examples_per_epoch = step_counts.examples_per_epoch(
       config.examples_per_epoch, num_train_examples,
       [r.global_batch_size for r in runs])
   os.makedirs(request.root, exist_ok=True)

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from pipeline import backends
 from pipeline.data import inputs
-from pipeline.data import kinds
+from pipeline.data import sources
 from pipeline.reports import export
 from pipeline.rules.machine import stopping
 from pipeline.storage import workdirs
@@ -172,7 +172,7 @@ def check_export_name(name):
 
 def split_name(config):
   """A file-name-safe name of the split evaluated."""
-  split = kinds.of(config).held_out(config)
+  split = sources.of(config).held_out(config)
   return re.sub(r'[^\w.-]+', '_', split).strip('_') or 'eval'
 
 

@@ -17,9 +17,9 @@ from absl import logging
 import ml_collections
 
 from pipeline import backends
+from pipeline.data import augmentations
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
-from pipeline.data import kinds
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.rules.config import classes
@@ -27,11 +27,12 @@ from pipeline.rules.speed import compile_cache as compile_cache_lib
 from pipeline.rules.machine import hardware as hardware_lib
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import saved_policy
-from pipeline.rules.speed import schedule
+from pipeline.rules.speed import step_counts
 from pipeline.rules.config import validation
 from pipeline.storage import workdirs
-from pipeline.rules.config import init_from
 from pipeline import recipe
+from pipeline.recipe import finetune
+from pipeline.recipe import models
 
 # Fields that must match for a workdir's checkpoints to be restorable.
 RUN_IDENTITY = ('dataset', 'model', 'image_size')
@@ -171,7 +172,7 @@ class Plan:
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
         *([f'Classes: {_names(self.source.class_names)}']
-          if kinds.of(config).names_classes and self.source.class_names
+          if sources.of(config).names_classes and self.source.class_names
           else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
         f'cache {self.cache} ({self.cache_reason}); augment '
@@ -187,9 +188,11 @@ class Plan:
     config = self.config
     accumulation = config.gradient_accumulation_steps
     ema_decay = config.ema_decay
+    family = models.MODELS[config.model]
     return (
-        f'Recipe: {config.model}, stochastic depth '
-        f'{config.drop_connect_rate:g}; {config.optimizer}, '
+        f'Recipe: {config.model}, '
+        f'{family.describe_stochastic_depth(config.drop_connect_rate)}; '
+        f'{config.optimizer}, '
         f'{config.lr_schedule} schedule'
         + (f'; {accumulation} micro-batches of '
            f'{self.global_batch_size // accumulation} per update (steps '
@@ -218,19 +221,20 @@ def resolve(config, request, hardware=None):
       _measured(request, hardware, backend), backend.policy)
   xla, xla_reason = backend.choose_xla(request.xla, hardware,
                                        resolved_precision.policy)
-  steps_per_execution, steps_reason = schedule.choose_steps_per_execution(
+  steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
       config.image_size**2 * 3)
-  validation.validate(config, hardware.num_replicas, recipe.choices())
+  validation.validate(config, hardware.num_replicas, recipe.tables(),
+                      (sources.SOURCES, augmentations.AUGMENTATIONS))
   workdir, resumed = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
-  initial_weights = init_from.describe(config.init_from)
+  initial_weights = finetune.describe(config.init_from)
   if workdir and hardware.is_chief:
     if resumed:
       classes.check_resumed(workdir, source.class_names)
     else:
-      initial_weights = init_from.check_source(
+      initial_weights = finetune.check_source(
           config, source.class_names, request.staging_dir)
   input_pipeline, input_reason = dali.choose(
       config, hardware.device_kind,
@@ -238,7 +242,7 @@ def resolve(config, request, hardware=None):
   cache, cache_reason = (
       cache_lib.choose(config, source) if input_pipeline == dali.TF_DATA else
       ('none', 'DALI decodes every epoch'))
-  steps_per_epoch = schedule.epoch_steps(config.examples_per_epoch,
+  steps_per_epoch = step_counts.epoch_steps(config.examples_per_epoch,
                                 source.num_train_examples,
                                 config.global_batch_size)
   plan = Plan(
@@ -251,7 +255,7 @@ def resolve(config, request, hardware=None):
       source=source, steps_per_epoch=steps_per_epoch,
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
       cache=cache, cache_reason=cache_reason,
-      frozen_steps=init_from.frozen_steps(config, steps_per_epoch),
+      frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
@@ -297,7 +301,7 @@ def _open_workdir(config, request, hardware, backend):
     return None, False
   if hardware.tpu_workers_remote:
     workdirs.check_remote_tpu_paths(config, request.workdir,
-                                    kinds.of(config).inputs(config))
+                                    sources.of(config).inputs(config))
   workdir = workdirs.Workdir(request.workdir, request.staging_dir,
                             lease_s=request.workdir_lease_s)
   if hardware.is_chief:

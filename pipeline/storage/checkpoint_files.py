@@ -44,6 +44,18 @@ TENSORFLOW = 'tensorflow'  # tf.train.Checkpoint's, with its object graph.
 KERAS = 'keras'  # Keras' .weights.h5.
 
 
+def format_of_run(resolved):
+  """The format a run's checkpoints are in, from its run.json 'resolved'
+  object: its backend's (the JAX backend writes Keras' files; a run from
+  before there were two backends, TensorFlow's)."""
+  return _WRITTEN_BY.get(resolved.get('backend', ''), TENSORFLOW)
+
+
+# Each backend's format, by its name (Backend.checkpoint_format; a test
+# holds the two alike).
+_WRITTEN_BY = {'tensorflow': TENSORFLOW, 'jax': KERAS}
+
+
 class Variables(keras.layers.Layer):
   """A named group of variables in a checkpoint (the step, the averages)."""
 

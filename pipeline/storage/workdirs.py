@@ -35,7 +35,7 @@ def remote_tpu_local_paths(config, workdir, inputs):
 
   A TPU Node's workers run the input pipeline and the file ops on their own
   hosts, which see Cloud Storage but none of this machine's files. `inputs`:
-  {flag: path} the source reads (data.kinds).
+  {flag: path} the source reads (its DataSource.inputs).
   """
   paths = {'workdir': workdir, **inputs}  # data_dir '' is tfds' local one.
   if config.cache not in ('memory', ''):

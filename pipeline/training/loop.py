@@ -15,7 +15,7 @@ from pipeline.training import actions
 from pipeline.run import console
 from pipeline.data import inputs
 from pipeline.reports import export
-from pipeline.training import finetune
+from pipeline.recipe import finetune
 from pipeline.reports import metrics
 from pipeline.training import preemption as preemption_lib
 from pipeline.training import progress as progress_lib

@@ -1,7 +1,8 @@
 """Keras on JAX: today's TPUs (Colab, TPU7x), and any device JAX sees.
 
 One data-parallel mesh over every device of every host (devices.py), one
-jitted program per execution (programs.py) under a Trainer (trainer.py)
+jitted program per step, dispatched a step at a time (programs.py), under
+a Trainer (trainer.py)
 whose state is JAX arrays. Checkpoints are Keras' `.weights.h5` files,
 which a TensorFlow machine reads too. tf.data (TensorFlow's CPU build)
 feeds it. Modules here import JAX; this one does not, so the choice of

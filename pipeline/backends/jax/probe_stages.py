@@ -18,7 +18,7 @@ from pipeline.recipe import models
 from pipeline.recipe import optimizers
 from pipeline.rules.machine import peaks
 from pipeline.rules.speed import precision
-from pipeline.rules.speed import schedule
+from pipeline.rules.speed import step_counts
 
 
 def make_optimizer(config, policy):
@@ -103,7 +103,7 @@ def _fed(probe, execution, state, executions):
   """Executions fed from host arrays as the trainer feeds them: take the
   staged batches, dispatch, stage the next while they run, wait."""
   staging = staging_lib.Staging(probe.strategy,
-                                schedule.STAGED_INPUT_BYTES_PER_DEVICE)
+                                step_counts.STAGED_INPUT_BYTES_PER_DEVICE)
   stream = probe.host_stream()
   staging.stage(stream, probe.slots, ())
   wait_s = idle_s = dispatch_s = 0.0
@@ -141,7 +141,7 @@ def staged_input(probe, policy):
           'one_program_per_execution_runtime_trip_count': before,
           'runtime_trip_count_compile_s': round(compile_s, 1),
           'staged_bytes_per_device_limit':
-              schedule.STAGED_INPUT_BYTES_PER_DEVICE}
+              step_counts.STAGED_INPUT_BYTES_PER_DEVICE}
 
 
 def memory(probe, policy):
@@ -158,7 +158,7 @@ def memory(probe, policy):
              'step_outputs_bytes': analysis.output_size_in_bytes}
   batch = probe.strategy.bytes_per_device(probe.on_devices(1))
   for slots in (probe.slots, probe.slots * 4):
-    staged = min(slots * batch, schedule.STAGED_INPUT_BYTES_PER_DEVICE)
+    staged = min(slots * batch, step_counts.STAGED_INPUT_BYTES_PER_DEVICE)
     figures[f'steps_per_execution_{slots}'] = {
         'staged_input_bytes': staged, 'running_input_bytes': slots * batch,
         'total_bytes': (analysis.argument_size_in_bytes +
@@ -273,9 +273,9 @@ def keras_fit(probe, policy):
   config = probe.config
   keras.mixed_precision.set_global_policy(policy)
   keras.utils.set_random_seed(config.seed)
-  model = models.MODELS[config.model](
-      include_top=True, weights=None, classes=probe.num_classes,
-      input_shape=(config.image_size, config.image_size, 3))
+  model = models.MODELS[config.model].with_its_top(
+      config.model, probe.num_classes,
+      (config.image_size, config.image_size, 3))
   model.compile(make_optimizer(config, policy),
                 keras.losses.CategoricalCrossentropy(
                     label_smoothing=config.label_smoothing),

@@ -8,7 +8,7 @@ own JAX trainer does one batch ahead, keras/src/backend/jax/trainer.py's
 arrived while the previous execution ran.
 
 The batches are placed one by one, no more than `max_bytes` of them per device
-(rules/speed/schedule.py: STAGED_INPUT_BYTES_PER_DEVICE); the rest are pulled
+(rules/speed/step_counts.py: STAGED_INPUT_BYTES_PER_DEVICE); the rest are pulled
 when their execution is taken. A failure while staging (a bad label, the end of
 the data) is kept and raised by the execution that would have taken that
 batch, as it would have been without staging.

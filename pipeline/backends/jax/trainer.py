@@ -34,7 +34,7 @@ from pipeline.backends.jax.programs import on_host
 from pipeline.data import decode
 from pipeline.errors import UserError
 from pipeline.rules.speed import precision
-from pipeline.rules.speed import schedule
+from pipeline.rules.speed import step_counts
 from pipeline.storage import checkpoint_files
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
@@ -65,7 +65,7 @@ class Trainer:
 
   def __post_init__(self):
     self.staging = self.staging or staging_lib.Staging(
-        self.strategy, schedule.STAGED_INPUT_BYTES_PER_DEVICE)
+        self.strategy, step_counts.STAGED_INPUT_BYTES_PER_DEVICE)
 
   # --- the Trainer interface (backends/interface.py) ---
 

@@ -12,11 +12,8 @@ workdir) happen where those are opened, in pipeline/run/plan.py.
 import re
 
 from configs import default
-from pipeline.data import kinds
 from pipeline.errors import UserError
 
-AUGMENTATIONS = ('none', 'translate', 'translate_flip', 'inception',
-                 'inception_randaugment')
 KEEP_BEST_METRICS = ('', 'eval_accuracy', 'eval_loss')
 TFLITE_WEIGHTS = ('', 'float32', 'float16')
 _DATA_SERVICE = re.compile(r'^grpc://[^:/\s]+:\d+$')
@@ -59,17 +56,19 @@ def profile_window(text):
   return start, stop
 
 
-def validate(config, num_replicas, recipe_choices):
+def validate(config, num_replicas, recipe_tables, data_tables):
   """Raises a one-line UserError for the first field that cannot run; the
   words for off in `cache` ('none', 'off') become ''.
 
-  `recipe_choices`: {key: accepted names} of the models, optimizers and
-  schedules the recipe has (pipeline.recipe.choices(); passed in, so this
-  module stays importable without Keras).
+  `recipe_tables`, `data_tables`: the tables of named parts
+  (pipeline/parts.py) of the recipe (models, optimizers, schedules, layer
+  forms) and of the input (sources, augmentations): each checks the name
+  the config gives and that part's keys. Passed in by the plan, so this
+  module imports neither floor.
   """
   _check_batch(config, num_replicas)
-  _check_recipe(config, recipe_choices)
-  _check_input(config)
+  _check_recipe(config, recipe_tables)
+  _check_input(config, data_tables)
   _check_schedule_of_work(config)
 
 
@@ -104,12 +103,13 @@ def _check_batch(config, replicas):
                     '0 (the training set) or a multiple of the global batch')
 
 
-def _check_recipe(config, recipe_choices):
-  for key, names in recipe_choices.items():
-    _one_of(config, key, names)
+def _check_recipe(config, tables):
+  for table in tables:
+    table.check(config)
   if config.image_size < 32:
     raise UserError(f'image_size={config.image_size} is too small for '
-                    'EfficientNet; use 32 or more')
+                    'the networks (keras.applications takes 32 or more); use '
+                    '32 or more')
   if not 0.0 <= config.ema_decay < 1.0:
     raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 is '
                     "off, 0.9999 is tensorflow/tpu's")
@@ -151,10 +151,10 @@ def _check_cache(config):
                     f'./{value} or /tmp/cache/{value}')
 
 
-def _check_input(config):
+def _check_input(config, tables):
   _check_cache(config)
-  _one_of(config, 'augment', AUGMENTATIONS)
-  kinds.of(config).check(config)
+  for table in tables:
+    table.check(config)
   address = config.data_service
   if address and not _DATA_SERVICE.match(address):
     raise UserError(f'data_service={address!r}; expected grpc://HOST:PORT of '

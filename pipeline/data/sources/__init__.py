@@ -1,0 +1,53 @@
+"""Where examples come from: each source one object in one module here,
+registered in SOURCES by the value of config.dataset that names it.
+
+tfds_set.py (any tensorflow-datasets image classification set: the
+fallback for a name no other source takes), tfrecord_files.py, folders.py
+(a folder of class folders) and csv_list.py (a CSV of image paths and
+labels). Each says what a run asks of it (its config keys and checks, the
+files its workers read, the split evaluation reads, whether DALI can read
+it, whether its class names are the user's) and loads itself into a
+Source: a stream of (encoded image, label, origin) records, read per
+worker, each worker its own files (or, with fewer files than workers, its
+own examples). Decoding is decode.py's, after sharding, so a worker never
+pays to decode another's examples.
+
+A new source is a module here and its registration line below. No other module
+compares config.dataset with a name. This package imports no TensorFlow
+(a source loads it when it loads): configs/default.py reads its keys, and
+DALI's choice reads it on the JAX path.
+"""
+
+from pipeline import parts
+from pipeline.data.sources import csv_list
+from pipeline.data.sources import folders
+from pipeline.data.sources import tfds_set
+from pipeline.data.sources import tfrecord_files
+from pipeline.data.sources.source import DataSource  # pylint: disable=unused-import
+from pipeline.data.sources.source import Source  # pylint: disable=unused-import
+from pipeline.data.sources.source import UnknownSet
+from pipeline.errors import UserError
+
+SOURCES = parts.Table(
+    'source', 'dataset',
+    accepted='or a tensorflow-datasets image classification name, e.g. '
+    'sklearn_digits (offline), cifar10, imagenet2012')
+# The order is the README's and the errors'.
+SOURCES.register(tfrecord_files.TFRecordFiles())
+SOURCES.register(folders.ClassFolders())
+SOURCES.register(csv_list.CsvList())
+SOURCES.register(tfds_set.TfdsSet(), fallback=True)
+
+
+def load_source(config):
+  """The Source `config.dataset` names."""
+  try:
+    return SOURCES.of(config).load(config)
+  except UnknownSet:
+    raise UserError(f'unknown dataset {config.dataset!r}; accepted: '
+                    f'{SOURCES.listed()}') from None
+
+
+def of(config):
+  """The DataSource `config.dataset` names."""
+  return SOURCES.of(config)

@@ -1,0 +1,113 @@
+"""Named parts: every data source, augmentation, model family, optimizer and
+learning-rate schedule is one object, registered in its kind's Table.
+
+A part carries its name (what a config names it by: config.dataset,
+config.augment, config.model, config.optimizer, config.lr_schedule), a
+one-line description, its own config keys with their defaults and one-line
+descriptions, and its checks. The rest of a run asks the part itself
+(a source for the files its workers read, a model family for its
+published weights), never compares its name. configs/default.py takes
+each part's keys from the tables, validation checks a config against
+them, every error lists the names they hold, and the README's tables of
+names are tested against them: a description cannot drift. As timm's
+model registry and big_vision's registry find a model or an optimizer by
+name.
+
+Imports nothing heavy: a table is read to write the default config, in
+processes that have no TensorFlow (the probe's).
+"""
+
+import dataclasses
+from typing import Any
+
+from pipeline.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """One config key a part reads: its default and what it means."""
+  default: Any
+  doc: str
+
+
+class Part:
+  """A named part; each kind subclasses it with what the run asks of it."""
+  name: str
+  description: str  # One line: the README's tables and the config's notes.
+  keys = {}  # {config key: Key} that this part alone reads.
+
+  def names(self):
+    """Every name the config may give this part (a model family has one
+    per size)."""
+    return (self.name,)
+
+  def check(self, config):
+    """A one-line UserError for a value of this part's keys that cannot
+    run; None otherwise."""
+    del config
+
+
+class Table:
+  """The parts of one kind, by name, in the order registered. `key`: the
+  config key that names one; `fallback`: the part for any other name
+  (tensorflow-datasets' sets), or None."""
+
+  def __init__(self, kind, key, accepted=''):
+    self.kind, self.key = kind, key
+    self.accepted = accepted  # Words for names no table lists, if any.
+    self.fallback = None
+    self._parts = {}
+
+  def register(self, part, fallback=False):
+    """Adds `part` under each of its names; returns it."""
+    for name in part.names():
+      if name in self._parts:
+        raise ValueError(f'{self.kind} {name!r} registered twice')
+      self._parts[name] = part
+    if fallback:
+      self.fallback = part
+    return part
+
+  def names(self):
+    return tuple(self._parts)
+
+  def __iter__(self):
+    return iter(self._parts)
+
+  def __contains__(self, name):
+    return name in self._parts
+
+  def parts(self):
+    """Each part once, in the order registered (the fallback last)."""
+    return tuple(dict.fromkeys([*self._parts.values(),
+                                *filter(None, [self.fallback])]))
+
+  def __getitem__(self, name):
+    part = self._parts.get(name, self.fallback)
+    if part is None:
+      raise UserError(f'unknown {self.key} {name!r}; accepted: '
+                      f'{self.listed()}')
+    return part
+
+  def of(self, config):
+    """The part `config` names."""
+    return self[config[self.key]]
+
+  def listed(self):
+    """The accepted names, as an error lists them."""
+    return ', '.join(self.names()) + (f', {self.accepted}' if self.accepted
+                                      else '')
+
+  def keys(self):
+    """{config key: Key} of every part's own keys."""
+    keys = {}
+    for part in self.parts():
+      for name, key in part.keys.items():
+        if keys.setdefault(name, key) != key:
+          raise ValueError(f'config key {name!r} declared twice, unlike')
+    return keys
+
+  def check(self, config):
+    """A one-line UserError if `config` names no part of this table, or
+    its part's keys cannot run."""
+    self.of(config).check(config)

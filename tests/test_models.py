@@ -1,0 +1,186 @@
+"""The model families as registered parts: their names, their published
+weights loaded as Keras builds them (Keras' download stood in by a local
+file, its name checked), ResNet-50 trained, exported and read back by
+launch.predict; and the README's tables of every kind of named part
+against the tables themselves."""
+
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+
+from configs import default
+from conftest import REPO
+from conftest import run_module
+from conftest import run_train
+from pipeline import recipe
+from pipeline.data import augmentations
+from pipeline.data import sources
+from pipeline.errors import UserError
+from pipeline.recipe import finetune
+from pipeline.recipe import models
+
+SIZE = 32
+
+
+def _publish(name, folder, monkeypatch):
+  """Keras' published headless weights of `name` as a local file, and
+  Keras' download made to hand it over; the names Keras asked for."""
+  family = models.MODELS[name]
+  keras.utils.set_random_seed(1)
+  network = family.headless(name, None, (SIZE, SIZE, 3))
+  for weight in network.weights:  # Not the freshly built values.
+    weight.assign(weight + 0.01 * np.random.default_rng(0).standard_normal(
+        weight.shape).astype('float32'))
+  normalization = [layer for layer in network.layers
+                   if isinstance(layer, keras.layers.Normalization)
+                   and layer.input_mean is None]
+  for layer in normalization:  # As Keras' file holds them: ImageNet's.
+    layer.adapt_mean.assign([0.485, 0.456, 0.406])
+    layer.adapt_variance.assign([0.229**2, 0.224**2, 0.225**2])
+  path = os.path.join(folder, family.published_file(name))
+  # Keras' files are in Keras 2's format, its layers by name.
+  import h5py  # pylint: disable=g-import-not-at-top
+  from keras.src.legacy.saving import legacy_h5_format  # pylint: disable=g-import-not-at-top
+  with h5py.File(path, 'w') as f:
+    legacy_h5_format.save_weights_to_hdf5_group(f, network)
+  asked = []
+
+  def get_file(fname=None, origin=None, **kwargs):
+    del origin, kwargs
+    asked.append(fname)
+    return path
+  from keras.src.utils import file_utils  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(file_utils, 'get_file', get_file)
+  return asked
+
+
+@pytest.mark.parametrize('name', ['efficientnet_b0', 'efficientnetv2_b0',
+                                  'resnet50'])
+def test_published_weights_compute_what_keras_imagenet_network_does(
+    name, tmp_path, monkeypatch):
+  """init_from=imagenet into a run's model: its backbone then computes on
+  the run's uint8 images what Keras' own ImageNet network computes on them
+  (after keras.applications' preprocess_input, for ResNet-50), loaded from
+  the file of the name Keras publishes."""
+  asked = _publish(name, str(tmp_path), monkeypatch)
+  config = default.get_config()
+  config.update(model=name, image_size=SIZE, init_from='imagenet')
+  model = models.build_model(name, 10, SIZE, batch_norm='one_pass',
+                             squeeze_excite='matmul')
+  said = finetune.load_init_from(config, model, (), str(tmp_path))
+  assert said == "backbone from keras.applications' ImageNet weights"
+  theirs = models.MODELS[name].headless(name, 'imagenet', (SIZE, SIZE, 3))
+  assert asked == [models.MODELS[name].published_file(name)] * 2
+  images = np.random.default_rng(2).integers(0, 256, (4, SIZE, SIZE, 3))
+  pixels = images.astype('float32')
+  if name == 'resnet50':
+    pixels = keras.applications.resnet.preprocess_input(pixels)
+  inputs = images.astype('uint8')
+  for layer in model.layers[1:]:  # The run's model, up to its backbone.
+    if layer is models.backbone(model):
+      break
+    inputs = layer(inputs)
+  # The stem's activations (the deep features of random weights are all
+  # near 0, where any input would agree), then the pooled features.
+  stem = {'resnet50': 'conv1_relu'}.get(name, 'stem_activation')
+  for ours_at, theirs_at in (
+      [layer.get_layer(stem).output for layer in (models.backbone(model),
+                                                  theirs)],
+      [models.backbone(model).output, theirs.output]):
+    ours = keras.Model(models.backbone(model).input, ours_at)(inputs)
+    expected = keras.ops.convert_to_numpy(
+        keras.Model(theirs.input, theirs_at)(pixels))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours), expected,
+                               rtol=1e-3, atol=1e-4 * np.abs(expected).max())
+
+
+def test_published_file_names():
+  assert finetune.published_file('efficientnet_b3') == 'efficientnetb3_notop.h5'
+  assert finetune.published_file('efficientnetv2_s') == (
+      'efficientnetv2-s_notop.h5')
+  assert finetune.published_file('resnet50') == (
+      'resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5')
+  with pytest.raises(UserError, match='efficientnet_tiny has no published '
+                     'ImageNet weights'):
+    finetune.published_file('efficientnet_tiny')
+
+
+def test_an_unknown_model_lists_every_name():
+  config = default.get_config()
+  config.model = 'resnet51'
+  with pytest.raises(UserError, match=re.escape(
+      "unknown model 'resnet51'; accepted: efficientnet_b0, ")) as raised:
+    models.MODELS.check(config)
+  assert str(raised.value).endswith('efficientnet_tiny, resnet50')
+
+
+def test_resnet50_trains_exports_and_predicts(tfds_dir, tmp_path):
+  """ResNet-50 on the digits for a few steps (TensorFlow here; the JAX
+  tier runs it on JAX: tests/test_recipe_matrix.py), its export read by
+  launch.predict."""
+  workdir = tmp_path / 'run'
+  result = run_train(f'--workdir={workdir}', '--config.model=resnet50',
+                     f'--config.data_dir={tfds_dir}',
+                     '--config.train_split=train[:64]', '--config.epochs=1',
+                     '--config.global_batch_size=16',
+                     '--config.eval_every_epochs=0')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Recipe: resnet50, no stochastic depth;' in result.stderr
+  image = tmp_path / 'seven.png'
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  Image.fromarray(np.full((8, 8, 3), 200, 'uint8')).save(image)
+  predicted = run_module('launch.predict', f'--model={workdir}/export',
+                         str(image))
+  assert predicted.returncode == 0, predicted.stderr[-3000:]
+  assert re.search(rf'{image}: \d \d\.\d{{3}}', predicted.stdout), (
+      predicted.stdout)
+
+
+@pytest.mark.slow
+def test_resnet50_fine_tunes_from_keras_published_weights(tfds_dir,
+                                                          tmp_path):
+  """The real download, where the network allows it (skipped where it
+  does not: CI's machines reach only the package registries)."""
+  try:
+    keras.applications.ResNet50(include_top=False, weights='imagenet',
+                                input_shape=(SIZE, SIZE, 3))
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.skip(f"Keras' weights cannot be downloaded here: {e}"[:200])
+  result = run_train(f'--workdir={tmp_path / "run"}', '--config.model=resnet50',
+                     '--config.init_from=imagenet',
+                     f'--config.data_dir={tfds_dir}',
+                     '--config.train_split=train[:64]', '--config.epochs=1',
+                     '--config.global_batch_size=16')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "backbone from keras.applications' ImageNet weights" in result.stderr
+
+
+def _readme_table(kind):
+  """The names the README's table of `kind` lists, in order."""
+  text = open(os.path.join(REPO, 'README.md'), encoding='utf-8').read()
+  table = text.split(f'<!-- named parts: {kind} -->')[1].split('\n\n')[0]
+  return [re.findall(r'`([^`]+)`', row.split('|')[1])
+          for row in table.splitlines()[3:] if row.startswith('|')]
+
+
+@pytest.mark.parametrize('table', [
+    sources.SOURCES, augmentations.AUGMENTATIONS, *recipe.tables()],
+                         ids=lambda table: table.key)
+def test_the_readme_lists_every_part_as_its_table_does(table):
+  """Each table of named parts has its table in the README, a row per
+  part in the table's order, naming every name the part answers to and
+  the keys it adds, with its description."""
+  rows = _readme_table(table.key)
+  text = open(os.path.join(REPO, 'README.md'), encoding='utf-8').read()
+  section = text.split(f'<!-- named parts: {table.key} -->')[1].split(
+      '\n\n')[0]
+  assert len(rows) == len(table.parts())
+  for row, part in zip(rows, table.parts()):
+    assert row == list(part.names()) or (not part.names() and row == []), (
+        row, part.names())
+    assert part.description in section, part.description
+    for key in part.keys:
+      assert f'`{key}`' in section, key
