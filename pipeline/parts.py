@@ -90,8 +90,8 @@ class Table:
     return part
 
   def of(self, config):
-    """The part `config` names."""
-    return self[config[self.key]]
+    """The part `config` (a ConfigDict, or any object of its fields) names."""
+    return self[getattr(config, self.key)]
 
   def listed(self):
     """The accepted names, as an error lists them."""

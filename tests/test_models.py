@@ -117,12 +117,18 @@ def test_an_unknown_model_lists_every_name():
   assert str(raised.value).endswith('efficientnet_tiny, resnet50')
 
 
+# The backend of this test environment: TensorFlow in the fast suite's, JAX
+# in the JAX tier's.
+BACKEND = keras.backend.backend()
+
+
+@pytest.mark.slow  # A minute on TensorFlow, more on JAX: CI's slow tier.
 def test_resnet50_trains_exports_and_predicts(tfds_dir, tmp_path):
-  """ResNet-50 on the digits for a few steps (TensorFlow here; the JAX
-  tier runs it on JAX: tests/test_recipe_matrix.py), its export read by
-  launch.predict."""
+  """ResNet-50 on the digits for a few steps, on this environment's
+  backend, its export read by launch.predict."""
   workdir = tmp_path / 'run'
-  result = run_train(f'--workdir={workdir}', '--config.model=resnet50',
+  result = run_train(f'--workdir={workdir}', f'--backend={BACKEND}',
+                     '--policy=float32', '--config.model=resnet50',
                      f'--config.data_dir={tfds_dir}',
                      '--config.train_split=train[:64]', '--config.epochs=1',
                      '--config.global_batch_size=16',

@@ -197,11 +197,12 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
 
 def test_connections_that_keep_dropping_are_followed_to_the_end(tmp_path,
                                                                  tfds_dir):
-  """Worker 1's every connection drops after 2 s, mid-line: each stayed up
-  longer than --healthy_s, so the count starts again and the launcher
-  follows its trainer to the end, however many drops that takes. Its log
-  is the trainer's exactly, every byte once (the offset counts the
-  trainer's output alone, not ssh's lines, which are kept apart)."""
+  """Worker 1's every connection drops after 2 s, mid-line: each
+  stayed up longer than --healthy_s, so the count starts again and the
+  launcher follows its trainer (16 steps of the tiny network) to the end,
+  however many drops that takes. Its log is the trainer's
+  exactly, every byte once (the offset counts the trainer's output alone,
+  not ssh's lines, which are kept apart)."""
   name = f'slice-{uuid.uuid4().hex[:8]}'
   ports = [free_port(), free_port()]
   result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}

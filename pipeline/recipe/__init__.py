@@ -5,7 +5,8 @@ one-pass batch norm and squeeze-excite as matrix products), optimizers.py
 and schedules.py, objective.py (loss, labels, L2, evaluation counts),
 moving_average.py (the average's rule). Everything here that runs inside a
 compiled step is keras.ops, never TensorFlow: JAX traces it too. Imports
-pipeline.parts, pipeline.errors and rules/ only.
+pipeline.parts, pipeline.errors, rules/ and storage/ (fine-tuning reads
+checkpoints) only.
 """
 
 

@@ -50,7 +50,6 @@ class Plan:
   xla_reason: str
   steps_per_execution: int
   steps_per_execution_reason: str
-  global_batch_size: int
   peak_learning_rate: float
   source: sources.Source
   steps_per_epoch: int
@@ -66,10 +65,17 @@ class Plan:
   input_pipeline_reason: str = ''
   staging_dir: str = ''  # Local files of the run: gs:// copies, DALI's index.
   initial_weights: str = 'random initial weights'  # init_from's, described.
+  # profile_steps as (start, stop), or None: the steps to trace.
+  profile_window: Optional[tuple] = None
 
   @property
   def policy(self):
     return self.precision.policy
+
+  @property
+  def global_batch_size(self):
+    """The config's: the batch is taken as given, in one place."""
+    return self.config.global_batch_size
 
   @property
   def per_replica_batch_size(self):
@@ -102,21 +108,15 @@ class Plan:
     """The resolved run as run.json's 'resolved' object."""
     hw = self.hardware
     return {
-        'backend': self.backend.name,
-        'backend_reason': self.backend_reason,
-        'device_kind': hw.device_kind,
-        'devices': hw.detail,
-        'strategy': hw.strategy_name,
-        'num_replicas': hw.num_replicas,
-        'num_workers': hw.num_workers,
-        'joined_by': hw.cluster or None,
+        'backend': self.backend.name, 'backend_reason': self.backend_reason,
+        'device_kind': hw.device_kind, 'devices': hw.detail,
+        'strategy': hw.strategy_name, 'num_replicas': hw.num_replicas,
+        'num_workers': hw.num_workers, 'joined_by': hw.cluster or None,
         'gpu_share': hw.gpu_share or None,
-        'policy': self.policy,
-        'policy_reason': self.precision.reason,
+        'policy': self.policy, 'policy_reason': self.precision.reason,
         'loss_scaling': self.precision.loss_scaling,
         'graph_rewrite': self.precision.graph_rewrite,
-        'xla': self.xla,
-        'xla_reason': self.xla_reason,
+        'xla': self.xla, 'xla_reason': self.xla_reason,
         'compile_cache': (self.compile_cache.directory if self.compile_cache
                           else None),
         'global_batch_size': self.global_batch_size,
@@ -124,18 +124,15 @@ class Plan:
         'steps_per_execution': self.steps_per_execution,
         'steps_per_execution_reason': self.steps_per_execution_reason,
         'peak_learning_rate': self.peak_learning_rate,
-        'dataset': self.source.name,
-        'num_classes': self.source.num_classes,
+        'dataset': self.source.name, 'num_classes': self.source.num_classes,
         'class_names': list(self.source.class_names),
         'train_examples': self.source.num_train_examples,
         'eval_examples': self.source.num_eval_examples,
         'steps_per_epoch': self.steps_per_epoch,
         'examples_per_epoch': self.examples_per_epoch,
-        'total_steps': self.total_steps,
-        'frozen_steps': self.frozen_steps,
+        'total_steps': self.total_steps, 'frozen_steps': self.frozen_steps,
         'initial_weights': self.initial_weights,
-        'cache': self.cache,
-        'cache_reason': self.cache_reason,
+        'cache': self.cache, 'cache_reason': self.cache_reason,
         'input_pipeline': self.input_pipeline,
         'input_pipeline_reason': self.input_pipeline_reason,
         'workdir': self.workdir.url if self.workdir else None,
@@ -249,7 +246,6 @@ def resolve(config, request, hardware=None):
       config=config, hardware=hardware, precision=resolved_precision, xla=xla,
       xla_reason=xla_reason, steps_per_execution=steps_per_execution,
       steps_per_execution_reason=steps_reason,
-      global_batch_size=config.global_batch_size,
       peak_learning_rate=config.base_learning_rate *
       config.global_batch_size / 256,
       source=source, steps_per_epoch=steps_per_epoch,
@@ -259,7 +255,8 @@ def resolve(config, request, hardware=None):
       backend=backend, backend_reason=backend_reason,
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
-      initial_weights=initial_weights)
+      initial_weights=initial_weights,
+      profile_window=validation.profile_window(config.profile_steps))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan

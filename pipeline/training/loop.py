@@ -20,7 +20,6 @@ from pipeline.reports import metrics
 from pipeline.training import preemption as preemption_lib
 from pipeline.training import progress as progress_lib
 from pipeline.rules.machine import stopping
-from pipeline.rules.config import validation
 from pipeline.storage import workdir_lock
 from pipeline.storage.checkpoint import Checkpointer
 
@@ -84,7 +83,7 @@ def _train_and_evaluate(plan, extra_actions):
       checkpointer, workdir, sum_over_workers=(
           backend.sum_over_workers(hardware) if hardware.num_workers > 1
           else None))
-  window = validation.profile_window(config.profile_steps)
+  window = plan.profile_window
   profile = (actions.Profile(*window, workdir.path('tensorboard'),
                              plan.steps_per_execution, initial_step,
                              *backend.profiler())
