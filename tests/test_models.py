@@ -4,6 +4,7 @@ file, its name checked), ResNet-50 trained, exported and read back by
 launch.predict; and the README's tables of every kind of named part
 against the tables themselves."""
 
+import json
 import os
 import re
 
@@ -143,6 +144,20 @@ def test_resnet50_trains_exports_and_predicts(tfds_dir, tmp_path):
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   assert re.search(rf'{image}: \d \d\.\d{{3}}', predicted.stdout), (
       predicted.stdout)
+
+
+@pytest.mark.slow  # Half a minute: a compile and a few executions.
+def test_resnet50_is_benchmarked_by_name(tmp_path):
+  output = tmp_path / 'benchmark.json'
+  result = run_module('launch.benchmark', '--config.model=resnet50',
+                      '--config.global_batch_size=16',
+                      '--config.steps_per_execution=2', '--num_executions=1',
+                      f'--output={output}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'resnet50 at 32 px, batch 16' in result.stdout, result.stdout
+  figures = json.loads(output.read_text())
+  assert figures['model'] == 'resnet50'
+  assert figures['train_real_images_per_sec'] > 0, figures
 
 
 @pytest.mark.slow

@@ -130,6 +130,22 @@ def test_the_probe_measures_every_stage_on_this_cpu(tmp_path):
   assert list((tmp_path / 'trace').rglob('*.xplane.pb'))
 
 
+def test_the_probe_takes_a_model_family_by_name(tmp_path):
+  """ResNet-50 by its config name: the project's step and Keras' own
+  keras.applications model beside it, both ResNet-50."""
+  result = run_module('launch.probe', '--image_size=32', '--batch_size=8',
+                      '--budget_s=200', '--steps_per_execution=2',
+                      '--executions=2', '--stages=af', '--num_classes=10',
+                      '--config.model=resnet50', f'--out={tmp_path}',
+                      timeout=300)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  figures = json.loads((tmp_path / 'probe.json').read_text())
+  assert figures['config']['model'] == 'resnet50'
+  a, f = figures['stages']['a_device_rate'], figures['stages']['f_keras_fit']
+  assert a['images_per_sec'] > 0 and f['images_per_sec'] > 0, (a, f)
+  assert f['model'] == 'keras.applications resnet50'
+
+
 def test_variants_are_timed_against_the_baseline(tmp_path):
   """Two variants at a tiny size: batch norm and squeeze-excite as Keras
   has them (in this process, profiled, against the baseline timed again
