@@ -117,6 +117,7 @@ environment.prepare(['probe', '--policy=rewrite'])  # Before TF loads.
 import keras, numpy as np, tensorflow as tf
 from tensorflow.python.eager import context
 from pipeline.backends.tensorflow import graph_rewrite, steps
+from pipeline.recipe import objective
 from pipeline.rules.speed import precision
 
 def run_and_list_dtypes():
@@ -131,8 +132,9 @@ def run_and_list_dtypes():
   optimizer = keras.optimizers.SGD(0.1)
   optimizer.build(model.trainable_variables)
   train = steps.make_train_function(
-      model, optimizer, tf.distribute.get_strategy(), 8, 4, 0.0,
-      tf.Variable(0, dtype=tf.int64), jit_compile=False)
+      model, optimizer, tf.distribute.get_strategy(), 8,
+      objective.Objective(4), tf.Variable(0, dtype=tf.int64),
+      jit_compile=False)
   data = tf.data.Dataset.from_tensors(
       (np.zeros((8, 8, 8, 3), np.uint8), np.zeros(8, np.int32))).repeat()
   context.enable_run_metadata()

@@ -16,6 +16,7 @@ from pipeline.data import augment
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.recipe import finetune
 from pipeline.recipe import models
+from pipeline.recipe import objective
 from pipeline.recipe import schedules
 from pipeline.backends.tensorflow import steps
 from pipeline.storage.checkpoint import Checkpointer
@@ -56,9 +57,10 @@ def _train(strategy, batches, optimizer_fn, **recipe):
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     ema = (ema_lib.MovingAverage(model, recipe.pop('ema_decay'))
            if 'ema_decay' in recipe else None)
-  train = steps.make_train_function(model, optimizer, strategy, BATCH,
-                                    NUM_CLASSES, 0.0, step, jit_compile=False,
-                                    ema=ema, **recipe)
+  goal = objective.Objective(NUM_CLASSES, 0.0,
+                             recipe.pop('l2_weight_decay', 0.0))
+  train = steps.make_train_function(model, optimizer, strategy, BATCH, goal,
+                                    step, jit_compile=False, ema=ema, **recipe)
   images = np.concatenate([b[0] for b in batches])
   labels = np.concatenate([b[1] for b in batches])
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from pipeline.rules.speed import precision
 from pipeline.backends.tensorflow import steps
+from pipeline.recipe import objective
 from conftest import xla_on_cpu
 
 NUM_CLASSES = 4
@@ -49,9 +50,10 @@ def _sgd_training(strategy, build_model, learning_rate, label_smoothing=0.0,
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64, trainable=False,
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  train = steps.make_train_function(model, optimizer, strategy, GLOBAL_BATCH,
-                                    NUM_CLASSES, label_smoothing, step,
-                                    jit_compile=jit_compile)
+  train = steps.make_train_function(
+      model, optimizer, strategy, GLOBAL_BATCH,
+      objective.Objective(NUM_CLASSES, label_smoothing), step,
+      jit_compile=jit_compile)
   return model, optimizer, step, train
 
 
@@ -97,7 +99,8 @@ def test_mirrored_multi_step_trains_and_counts_steps(mirrored, policy, seed,
       step = tf.Variable(0, dtype=tf.int64, trainable=False,
                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     train = steps.make_train_function(model, optimizer, mirrored, GLOBAL_BATCH,
-                                      NUM_CLASSES, 0.0, step, jit_compile=xla)
+                                      objective.Objective(NUM_CLASSES), step,
+                                      jit_compile=xla)
     iterator = iter(mirrored.distribute_datasets_from_function(_dataset))
     kernel_before = model.layers[2].kernel.numpy().copy()
     losses = []
@@ -278,7 +281,7 @@ def test_float16_divergence_is_seen_through_the_loss_scale(tmp_path):
     step = tf.Variable(0, dtype=tf.int64)
     train_fn = steps.make_train_function(
         model, optimizer, tf.distribute.get_strategy(), GLOBAL_BATCH,
-        NUM_CLASSES, 0.0, step, jit_compile=False)
+        objective.Objective(NUM_CLASSES), step, jit_compile=False)
     trainer = trainer_lib.Trainer(model, optimizer, step, train_fn, None,
                                   NUM_CLASSES, 0, 'out of memory')
     checkpointer = Checkpointer(

@@ -31,13 +31,12 @@ from pipeline.backends.jax import ema as ema_jax  # pylint: disable=g-import-not
 from pipeline.backends.jax import trainer as trainer_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.recipe import moving_average  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.recipe import objective  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CLASSES = 3
 
 
-def _config(accumulation=1):
-  return types.SimpleNamespace(label_smoothing=0.0, l2_weight_decay=0.0,
-                               gradient_accumulation_steps=accumulation)
+OBJECTIVE = objective.Objective(CLASSES)
 
 
 def _model():
@@ -84,8 +83,8 @@ def test_two_devices_take_the_whole_batch_step():
   assert strategy.num_replicas_in_sync == 2
   kernel, bias = [np.asarray(v) for v in state['trainable']]
   images, labels = _batches(1)
-  program = programs.train_step(model, optimizer, _config(), CLASSES,
-                                strategy, None)
+  program = programs.train_step(model, optimizer, OBJECTIVE, strategy,
+                                None)
   state, outputs = _run(program, strategy, state, images, labels, 1)
 
   def loss(kernel, bias):
@@ -105,8 +104,8 @@ def test_micro_batches_make_the_same_update():
   whole, micro = [], []
   for accumulation, out in ((1, whole), (2, micro)):
     model, optimizer, strategy, _, state = _setup()
-    program = programs.train_step(
-        model, optimizer, _config(accumulation), CLASSES, strategy, None)
+    program = programs.train_step(model, optimizer, OBJECTIVE, strategy,
+                                  None, accumulation=accumulation)
     state, outputs = _run(program, strategy, state, *_batches(3), 3)
     out.extend([np.asarray(state['trainable'][0]), float(outputs['loss'])])
   np.testing.assert_allclose(micro[0], whole[0], rtol=1e-5, atol=1e-6)
@@ -115,8 +114,7 @@ def test_micro_batches_make_the_same_update():
 
 def test_an_execution_runs_exactly_the_steps_asked_and_learns():
   model, optimizer, strategy, _, _ = _setup()
-  step = programs.train_step(model, optimizer, _config(), CLASSES, strategy,
-                             None)
+  step = programs.train_step(model, optimizer, OBJECTIVE, strategy, None)
   images, labels = _batches(1)
   trainer = _trainer(step, slots=8)
   first = trainer.train(iter([(images[0], labels[0])] * 20), 1)
@@ -135,8 +133,8 @@ def test_an_execution_runs_exactly_the_steps_asked_and_learns():
 def test_the_moving_average_warms_up_as_the_tensorflow_one():
   model, optimizer, strategy, ema, state = _setup(learning_rate=0.1,
                                                   ema_decay=0.99)
-  program = programs.train_step(model, optimizer, _config(), CLASSES,
-                                strategy, ema)
+  program = programs.train_step(model, optimizer, OBJECTIVE, strategy,
+                                ema)
   start = np.asarray(state['trainable'][0])
   state, _ = _run(program, strategy, state, *_batches(1), 1)
   decay = min(0.99, 2 / 11)  # (1 + n) / (10 + n) after the first update.
@@ -152,8 +150,7 @@ def _float16_setup(initial_scale, growth_steps):
       dynamic_growth_steps=growth_steps)
   scaled.build(model.trainable_variables)
   state = _state(model, scaled, strategy)
-  program = programs.train_step(model, scaled, _config(), CLASSES,
-                                strategy, None)
+  program = programs.train_step(model, scaled, OBJECTIVE, strategy, None)
   place = programs.optimizer_places(scaled)
   return program, strategy, state, place
 
@@ -185,8 +182,8 @@ def test_the_loss_scale_doubles_after_its_growth_steps_of_good_ones():
   assert scales == [1024.0, 1024.0, 2048.0, 2048.0]
   assert int(state['optimizer'][place['iterations']]) == 4
   model, optimizer, strategy, _, unscaled = _setup()
-  plain = programs.train_step(model, optimizer, _config(), CLASSES,
-                              strategy, None)
+  plain = programs.train_step(model, optimizer, OBJECTIVE, strategy,
+                              None)
   for _ in range(4):
     unscaled, _ = _run(plain, strategy, unscaled, *_batches(1), 1)
   np.testing.assert_allclose(state['trainable'][0], unscaled['trainable'][0],
@@ -211,7 +208,6 @@ def test_a_step_holds_nothing_that_waits_on_the_host(schedule):
   would see if the step took it."""
   from pipeline.recipe import optimizers  # pylint: disable=g-import-not-at-top
   config = types.SimpleNamespace(
-      label_smoothing=0.1, l2_weight_decay=1e-5, gradient_accumulation_steps=2,
       lr_schedule=schedule, warmup_epochs=1.0, lr_decay_epochs=1.0,
       lr_decay_rate=0.9, optimizer='adamw', weight_decay=0.01)
   model = _model()
@@ -221,7 +217,9 @@ def test_a_step_holds_nothing_that_waits_on_the_host(schedule):
   strategy = mesh.DataParallel(jax.devices())
   ema = ema_jax.MovingAverage(model, 0.99)
   state = _state(model, optimizer, strategy, ema)
-  step = programs.train_step(model, optimizer, config, CLASSES, strategy, ema)
+  step = programs.train_step(
+      model, optimizer, objective.Objective(CLASSES, 0.1, 1e-5), strategy,
+      ema, accumulation=2)
   images, labels = strategy.to_devices((_batches(1)[0][0], _batches(1)[1][0]))
   assert _host_waits(step.lower(state, images, labels).compile()) == []
 
@@ -295,7 +293,7 @@ def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   strategy = mesh.DataParallel(jax.devices())
   state = _state(model, optimizer, strategy)
   frozen, thawed = [programs.train_step(
-      model, optimizer, _config(), CLASSES, strategy, None, frozen=phase)
+      model, optimizer, OBJECTIVE, strategy, None, frozen=phase)
                     for phase in (True, False)]
   assert all(v.trainable for v in model.weights if 'moving' not in v.path)
 
@@ -332,7 +330,7 @@ def _cost_of(accumulation, last_inputs):
       model, optimizer, strategy, state, None, None, CLASSES, 0, '',
       slots=4, accumulation=accumulation, last_inputs=last_inputs,
       gradient_program=programs.gradient_program(
-          model, optimizer, _config(accumulation), CLASSES, strategy))
+          model, optimizer, OBJECTIVE, strategy))
   return trainer, trainer.step_cost()
 
 
@@ -396,8 +394,7 @@ def test_the_next_execution_is_staged_before_its_outputs_are_awaited(
   monkeypatch.setattr(trainer_jax, 'on_host', lambda tree: (
       events.append('outputs fetched'), fetch(tree))[1])
   model, optimizer, strategy, _, _ = _setup()
-  real = programs.train_step(model, optimizer, _config(), CLASSES, strategy,
-                             None)
+  real = programs.train_step(model, optimizer, OBJECTIVE, strategy, None)
 
   def step(state, images, labels):
     events.append('step dispatched')
@@ -434,8 +431,7 @@ def test_the_next_execution_is_staged_before_its_outputs_are_awaited(
 
 def test_a_failure_while_staging_is_raised_by_the_execution_that_takes_it():
   model, optimizer, strategy, _, _ = _setup()
-  real = programs.train_step(model, optimizer, _config(), CLASSES, strategy,
-                             None)
+  real = programs.train_step(model, optimizer, OBJECTIVE, strategy, None)
   images, labels = _batches(5)
   iterator, pulled = _counting(zip(images, labels), fail_at=4)
   trainer = _trainer(real)

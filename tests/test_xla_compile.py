@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline.recipe import models
+from pipeline.recipe import objective
 from conftest import xla_on_cpu
 from pipeline.backends.tensorflow import steps
 
@@ -47,8 +48,9 @@ def test_replica_steps_lower_to_xla(model_and_optimizer):
   model, optimizer = model_and_optimizer
   images = tf.zeros((BATCH, SIZE, SIZE, 3), tf.uint8)
   labels = tf.zeros((BATCH,), tf.int32)
-  train_step = steps.replica_train_step(model, optimizer, BATCH, NUM_CLASSES,
-                                        label_smoothing=0.1, jit_compile=True)
+  train_step = steps.replica_train_step(
+      model, optimizer, BATCH, objective.Objective(NUM_CLASSES, 0.1),
+      jit_compile=True)
   train_hlo = _hlo(train_step.python_function, images, labels)
   eval_hlo = _hlo(steps.replica_eval_step(model, NUM_CLASSES), images, labels,
                   tf.ones((BATCH,)))

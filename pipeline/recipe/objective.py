@@ -8,8 +8,38 @@ is tensorflow/tpu's EfficientNet's: l2 * sum(w**2) / 2 over every weight
 but batch norm's, added to the loss (rather than a decoupled decay).
 """
 
+import dataclasses
+
 import keras
 from keras import ops
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What a training step minimises, the one part of the recipe both
+  backends' steps take: cross-entropy over the run's classes with label
+  smoothing, plus the L2 term (0: none)."""
+  num_classes: int
+  label_smoothing: float = 0.0
+  l2_weight_decay: float = 0.0
+
+  @classmethod
+  def of(cls, config, num_classes):
+    """The config's terms, over the classes its data resolved to."""
+    return cls(num_classes, config.label_smoothing, config.l2_weight_decay)
+
+  def targets(self, labels):
+    return targets(labels, self.num_classes)
+
+  def per_example_loss(self):
+    return loss_function(self.label_smoothing)
+
+  def penalty(self, variables, values=None):
+    """l2 * l2_penalty of the decayed `variables` (their `values`, where
+    given: JAX's stateless ones), in float32."""
+    values = [v.value for v in variables] if values is None else values
+    return self.l2_weight_decay * l2_penalty(
+        [w for v, w in zip(variables, values) if is_decayed(v)])
 
 
 def loss_function(label_smoothing=0.0):

@@ -33,6 +33,7 @@ from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
 from pipeline.recipe import models
+from pipeline.recipe import objective
 
 # Fields that must match for a workdir's checkpoints to be restorable.
 RUN_IDENTITY = ('dataset', 'model', 'image_size')
@@ -65,8 +66,7 @@ class Plan:
   input_pipeline_reason: str = ''
   staging_dir: str = ''  # Local files of the run: gs:// copies, DALI's index.
   initial_weights: str = 'random initial weights'  # init_from's, described.
-  # profile_steps as (start, stop), or None: the steps to trace.
-  profile_window: Optional[tuple] = None
+  profile_window: Optional[tuple] = None  # profile_steps: (start, stop).
 
   @property
   def policy(self):
@@ -76,6 +76,10 @@ class Plan:
   def global_batch_size(self):
     """The config's: the batch is taken as given, in one place."""
     return self.config.global_batch_size
+
+  @property
+  def objective(self):  # What the step minimises, over the data's classes.
+    return objective.Objective.of(self.config, self.source.num_classes)
 
   @property
   def per_replica_batch_size(self):

@@ -46,6 +46,7 @@ from pipeline.backends.jax import probe_variants
 from pipeline.backends.jax import JaxBackend
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
+from pipeline.recipe import objective
 from pipeline.rules.speed import saved_policy
 
 STAGES = 'abcdefg'
@@ -99,8 +100,10 @@ class Setup:
     self.optimizer.build(self.model.trainable_variables)
     self.ema = (ema_lib.MovingAverage(self.model, config.ema_decay)
                 if config.ema_decay else None)
+    self.objective = objective.Objective.of(config, num_classes)
     self.step = programs.train_step(
-        self.model, self.optimizer, config, num_classes, strategy, self.ema)
+        self.model, self.optimizer, self.objective, strategy, self.ema,
+        accumulation=config.gradient_accumulation_steps)
 
   def state(self):
     return programs.initial_state(
@@ -114,8 +117,8 @@ class Setup:
     count known only at run time; with the stacking (state, batches) ->
     (state, outputs), as the trainer's step is called."""
     one_step = programs.step_function(
-        self.model, self.optimizer, self.config, self.num_classes, self.ema,
-        False, self.config.gradient_accumulation_steps)
+        self.model, self.optimizer, self.objective, self.ema, False,
+        self.config.gradient_accumulation_steps)
 
     def train(state, images, labels, num_steps):
       def body(index, carry):

@@ -174,8 +174,7 @@ def flops(probe, policy):
   micro_batch = probe.config.global_batch_size
   images, labels = probe.strategy.to_devices(probe.host_batches[0])
   gradient = programs.gradient_program(setup.model, setup.optimizer,
-                                        probe.config, probe.num_classes,
-                                        probe.strategy)
+                                        setup.objective, probe.strategy)
   lowered = gradient.lower(setup.state_spec, images, labels)
   unoptimized = hlo_cost.per_image(lambda: lowered.as_text(dialect='hlo'),
                                    micro_batch,

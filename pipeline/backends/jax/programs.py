@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from pipeline.recipe import models
-from pipeline.recipe import objective
+from pipeline.recipe import objective as objective_lib
 
 
 def on_host(tree):
@@ -158,72 +158,67 @@ def optimizer_places(optimizer):
   return place
 
 
-def train_step(model, optimizer, config, num_classes, strategy, ema,
-               frozen=False):
+def train_step(model, optimizer, objective, strategy, ema, frozen=False,
+               accumulation=1):
   """The jitted step: (state, images, labels) -> (state, (loss, correct)),
-  the state's buffers donated. `frozen`: the backbone stays as it is
-  (_Phase)."""
-  one_step = step_function(model, optimizer, config, num_classes, ema,
-                           frozen, config.gradient_accumulation_steps)
+  the state's buffers donated. `objective`: what it minimises
+  (objective_lib.Objective); `frozen`: the backbone stays as it is
+  (_Phase); `accumulation`: micro-batches a step."""
+  one_step = step_function(model, optimizer, objective, ema, frozen,
+                           accumulation)
   return jax.jit(lambda state, images, labels: one_step(state, (images,
                                                                 labels)),
                  donate_argnums=0, out_shardings=strategy.replicated)
 
 
-def gradient_program(model, optimizer, config, num_classes, strategy):
+def gradient_program(model, optimizer, objective, strategy):
   """The forward and backward pass of one micro-batch, loop-free, jitted:
   state, images [micro_batch, ...], labels -> (loss, gradients). What
   step_cost counts, as TensorFlow's counts its own gradient function:
   the two backends' figures then describe the same work."""
   del optimizer  # The same signature as the train program's.
-  gradient = _gradient_function(model, config, num_classes, _Phase(model,
-                                                                   False))
+  gradient = _gradient_function(model, objective, _Phase(model, False))
 
   def loss_and_gradients(state, images, labels):
     trainable, non_trainable = state['trainable'], state['non_trainable']
     (_, (_, _, loss)), grads = gradient(
         trainable, non_trainable, images,
-        objective.targets(labels, num_classes), 1.0)
+        objective.targets(labels), 1.0)
     return loss, grads
 
   return jax.jit(loss_and_gradients, out_shardings=strategy.replicated)
 
 
-def _gradient_function(model, config, num_classes, phase):
+def _gradient_function(model, objective, phase):
   """value_and_grad of the scaled loss: (trainable, non_trainable, images,
   targets, scale) -> ((loss * scale, (non_trainable, correct, loss)),
   gradients)."""
-  del num_classes  # The targets carry it.
-  loss_fn = objective.loss_function(config.label_smoothing)
-  l2 = config.l2_weight_decay
-  decayed = [objective.is_decayed(v) for v in phase.trainable]
+  loss_fn = objective.per_example_loss()
 
   def loss_of(trainable, non_trainable, images, targets, scale):
     with phase.applied():
       logits, non_trainable = model.stateless_call(
           trainable, non_trainable, images, training=True)
     loss = jnp.mean(loss_fn(targets, logits))
-    if l2:
-      loss += l2 * objective.l2_penalty(
-          [w for w, on in zip(trainable, decayed) if on])
+    if objective.l2_weight_decay:
+      loss += objective.penalty(phase.trainable, trainable)
     # Differentiated: the loss times the loss scale (1 without float16).
-    return loss * scale, (non_trainable, objective.correct(logits, targets),
-                          loss)
+    correct = objective_lib.correct(logits, targets)
+    return loss * scale, (non_trainable, correct, loss)
 
   return jax.value_and_grad(loss_of, has_aux=True)
 
 
-def step_function(model, optimizer, config, num_classes, ema, frozen,
-                  accumulation):
+def step_function(model, optimizer, objective, ema, frozen, accumulation):
   """One training step as a traceable function: (state, (images, labels))
   -> (state, (loss, correct))."""
   phase = _Phase(model, frozen)
-  gradient = _gradient_function(model, config, num_classes, phase)
+  gradient = _gradient_function(model, objective, phase)
   place = optimizer_places(optimizer)
 
   def one_step(state, batch):
     images, labels = batch
-    targets = objective.targets(labels, num_classes)
+    targets = objective.targets(labels)
     micro = lambda t: t.reshape(accumulation, -1, *t.shape[1:])
 
     trained, non_trainable = phase.split(state)
@@ -266,12 +261,12 @@ def step_function(model, optimizer, config, num_classes, ema, frozen,
 
 
 def eval_program(model, num_classes, strategy):
-  """The jitted eval step: objective.eval_sums of one batch."""
+  """The jitted eval step: objective_lib.eval_sums of one batch."""
 
   @functools.partial(jax.jit, out_shardings=strategy.replicated)
   def evaluate(trainable, non_trainable, images, labels, weights):
     logits, _ = model.stateless_call(trainable, non_trainable, images,
                                      training=False)
-    return objective.eval_sums(logits, labels, weights, num_classes)
+    return objective_lib.eval_sums(logits, labels, weights, num_classes)
 
   return evaluate

@@ -262,8 +262,8 @@ def build(plan):
   trainer = Trainer(
       model, optimizer, strategy,
       _state_of(model, optimizer, step_variables, ema, strategy),
-      programs.train_step(model, optimizer, config, num_classes, strategy,
-                          ema),
+      programs.train_step(model, optimizer, plan.objective, strategy, ema,
+                          accumulation=config.gradient_accumulation_steps),
       programs.eval_program(model, num_classes, strategy),
       num_classes, config.label_offset,
       plan.out_of_memory_message(), ema=ema,
@@ -271,9 +271,10 @@ def build(plan):
       accumulation=config.gradient_accumulation_steps,
       frozen_steps=plan.frozen_steps,
       gradient_program=programs.gradient_program(
-          model, optimizer, config, num_classes, strategy),
+          model, optimizer, plan.objective, strategy),
       frozen_step=(programs.train_step(
-          model, optimizer, config, num_classes, strategy, ema, frozen=True)
+          model, optimizer, plan.objective, strategy, ema, frozen=True,
+          accumulation=config.gradient_accumulation_steps)
                    if plan.frozen_steps else None))
   if ema:
     ema.trainer = trainer

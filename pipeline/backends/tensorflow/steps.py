@@ -15,45 +15,42 @@ import functools
 import keras
 import tensorflow as tf
 
-from pipeline.recipe import objective
+from pipeline.recipe import objective as objective_lib
 from pipeline.recipe import optimizers
 
 SUM = tf.distribute.ReduceOp.SUM
 
 
-def gradient_function(model, optimizer, global_batch_size, num_classes,
-                      label_smoothing, accumulation_steps=1,
-                      l2_weight_decay=0.0):
+def gradient_function(model, optimizer, global_batch_size, objective,
+                      accumulation_steps=1):
   """Returns gradients(variables, images, labels) -> (scaled gradients,
-  loss, correct predictions) of one replica's batch (recipe/objective.py:
-  the loss, the labels, the L2 term).
+  loss, correct predictions) of one replica's batch; `objective` (an
+  objective_lib.Objective) says what the loss is.
 
   With `accumulation_steps` k > 1 the batch is cut into k micro-batches
   whose gradients are summed in a while loop (the activations of one
   micro-batch in memory at a time), so a step is still one update of the
   whole batch and a loss-scale skip drops all of it.
   """
-  loss_fn = objective.loss_function(label_smoothing)
+  loss_fn = objective.per_example_loss()
 
   def gradients(variables, images, labels):
-    targets = objective.targets(labels, num_classes)
+    targets = objective.targets(labels)
     with tf.GradientTape() as tape:
       logits = model(images, training=True)
       per_example = loss_fn(targets, logits)
       # Each replica divides by the global batch: gradients are then summed.
       loss = tf.nn.compute_average_loss(per_example,
                                         global_batch_size=global_batch_size)
-      if l2_weight_decay:
+      if objective.l2_weight_decay:
         # Each replica and micro-batch adds its share: summed, it is whole.
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        loss += l2_weight_decay / (replicas * accumulation_steps) * (
-            objective.l2_penalty([v.value for v in variables
-                                  if objective.is_decayed(v)]))
+        loss += objective.penalty(variables) / (replicas * accumulation_steps)
       scaled_loss = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled_loss, variables)
     grads = [tf.zeros(v.shape, v.dtype) if g is None else g
              for g, v in zip(grads, variables)]
-    return grads, loss, objective.correct(logits, targets)
+    return grads, loss, objective_lib.correct(logits, targets)
 
   def accumulated(variables, images, labels):
     micro = lambda t: tf.reshape(t, [accumulation_steps, -1, *t.shape[1:]])
@@ -73,9 +70,9 @@ def gradient_function(model, optimizer, global_batch_size, num_classes,
   return gradients if accumulation_steps == 1 else accumulated
 
 
-def replica_train_step(model, optimizer, global_batch_size, num_classes,
-                       label_smoothing, jit_compile=False, ema=None,
-                       replicas=1, **gradient_options):
+def replica_train_step(model, optimizer, global_batch_size, objective,
+                       jit_compile=False, ema=None, replicas=1,
+                       **gradient_options):
   """One replica's update on its batch: forward, backward, gradients summed
   across replicas, update, moving average. Returns (loss, correct
   predictions). `gradient_options`: gradient_function's keyword arguments.
@@ -90,8 +87,7 @@ def replica_train_step(model, optimizer, global_batch_size, num_classes,
   ops after it.
   """
   gradients = gradient_function(model, optimizer, global_batch_size,
-                                num_classes, label_smoothing,
-                                **gradient_options)
+                                objective, **gradient_options)
   compile_gradients = jit_compile and replicas > 1
 
   @tf.function(jit_compile=(jit_compile and not compile_gradients) or None)
@@ -143,8 +139,8 @@ def batch_norm_averager(model, ema=None):
 
 
 def make_train_function(model, optimizer, strategy, global_batch_size,
-                        num_classes, label_smoothing, step, jit_compile,
-                        check_labels=None, **recipe):
+                        objective, step, jit_compile, check_labels=None,
+                        **recipe):
   """Returns train(iterator, num_steps) -> dict of scalars.
 
   Batches are (images, labels) or decode.py's (images, labels, skipped): then
@@ -159,8 +155,8 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
   """
   optimizers.take_summed_gradients(optimizer)
   replica_step = replica_train_step(
-      model, optimizer, global_batch_size, num_classes, label_smoothing,
-      jit_compile, replicas=strategy.num_replicas_in_sync, **recipe)
+      model, optimizer, global_batch_size, objective, jit_compile,
+      replicas=strategy.num_replicas_in_sync, **recipe)
   average_batch_norm_statistics = batch_norm_averager(model,
                                                       recipe.get('ema'))
 
@@ -220,11 +216,11 @@ def _batch_norm_statistics(model):
 
 
 def replica_eval_step(model, num_classes):
-  """One replica's eval batch: objective.eval_sums of its logits."""
+  """One replica's eval batch: objective_lib.eval_sums of its logits."""
 
   def replica_step(images, labels, weights):
     logits = model(images, training=False)
-    return objective.eval_sums(logits, labels, weights, num_classes)
+    return objective_lib.eval_sums(logits, labels, weights, num_classes)
 
   return replica_step
 

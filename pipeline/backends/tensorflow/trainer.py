@@ -201,12 +201,12 @@ def _build(plan):
 
   def train_function():
     return steps.make_train_function(
-        model, optimizer, strategy, plan.global_batch_size, num_classes,
-        config.label_smoothing, step,
+        model, optimizer, strategy, plan.global_batch_size, plan.objective,
+        step,
         # TPUs compile the whole program anyway; elsewhere XLA is per step.
         jit_compile=plan.xla and hardware.device_kind != 'TPU',
-        accumulation_steps=config.gradient_accumulation_steps,
-        l2_weight_decay=config.l2_weight_decay, ema=ema, **train_checks)
+        accumulation_steps=config.gradient_accumulation_steps, ema=ema,
+        **train_checks)
 
   eval_fn = steps.make_eval_function(model, strategy, num_classes,
                                      **eval_checks)
@@ -250,9 +250,8 @@ def step_cost(plan):
   model = models.model_of_run(plan)
   optimizer = optimizers.optimizer_of_run(plan)
   optimizer.build(model.trainable_variables)  # A loss scale's variables.
-  gradients = steps.gradient_function(
-      model, optimizer, plan.global_batch_size, plan.source.num_classes,
-      config.label_smoothing, l2_weight_decay=config.l2_weight_decay)
+  gradients = steps.gradient_function(model, optimizer, plan.global_batch_size,
+                                      plan.objective)
   size = config.image_size
   hlo_text = lambda: tf.function(jit_compile=True)(
       lambda images, labels: gradients(model.trainable_variables, images,
