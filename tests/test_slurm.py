@@ -115,7 +115,7 @@ def _job_state(env, job):
                         capture_output=True, text=True).stdout.strip()
 
 
-@SLOW_ON_JAX
+@pytest.mark.slow  # A minute or two: CI's slow tier, on both backends.
 def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
     slurm, tfds_dir, tmp_path):
   """`srun -N 2` trains one run over the two nodes, no Slurm command on the
@@ -203,6 +203,7 @@ def _task_pid(workdir, rank):
   raise AssertionError(f'no task {rank} for {workdir}')
 
 
+@pytest.mark.slow  # Two minutes: CI's slow tier, on both backends.
 def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
     slurm, tfds_dir, tmp_path):
   """The repository's batch script, as it is, submitted from outside the

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 import tensorflow as tf
 
 from conftest import REPO
@@ -70,6 +71,7 @@ def _step(pattern, output):
   return int(found.group(1))
 
 
+@pytest.mark.slow  # Four runs, a minute and a half: CI's slow tier.
 def test_a_run_stops_and_resumes_however_it_is_stopped(tmp_path, tfds_dir):
   workdir = str(tmp_path / 'run')
   newest = lambda: tf.train.latest_checkpoint(os.path.join(workdir,
