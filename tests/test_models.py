@@ -147,6 +147,8 @@ def test_resnet50_trains_exports_and_predicts(tfds_dir, tmp_path):
 
 
 @pytest.mark.slow  # Half a minute: a compile and a few executions.
+@pytest.mark.skipif(BACKEND != 'tensorflow', reason='once, on TensorFlow: '
+                    'the backend is not what this test is about')
 def test_resnet50_is_benchmarked_by_name(tmp_path):
   output = tmp_path / 'benchmark.json'
   result = run_module('launch.benchmark', '--config.model=resnet50',
