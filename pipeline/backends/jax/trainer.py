@@ -247,6 +247,7 @@ def build(plan):
                     'mixed_bfloat16 or float32 for fine-tuning')
   hardware = plan.hardware
   num_classes = plan.source.num_classes
+  accumulation = config.gradient_accumulation_steps
   precision.apply(plan.precision)
   keras.utils.set_random_seed(config.seed)
   model = models.model_of_run(plan)
@@ -263,18 +264,17 @@ def build(plan):
       model, optimizer, strategy,
       _state_of(model, optimizer, step_variables, ema, strategy),
       programs.train_step(model, optimizer, plan.objective, strategy, ema,
-                          accumulation=config.gradient_accumulation_steps),
+                          accumulation=accumulation),
       programs.eval_program(model, num_classes, strategy),
       num_classes, config.label_offset,
       plan.out_of_memory_message(), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
-      accumulation=config.gradient_accumulation_steps,
-      frozen_steps=plan.frozen_steps,
+      accumulation=accumulation, frozen_steps=plan.frozen_steps,
       gradient_program=programs.gradient_program(
           model, optimizer, plan.objective, strategy),
       frozen_step=(programs.train_step(
           model, optimizer, plan.objective, strategy, ema, frozen=True,
-          accumulation=config.gradient_accumulation_steps)
+          accumulation=accumulation)
                    if plan.frozen_steps else None))
   if ema:
     ema.trainer = trainer
