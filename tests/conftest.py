@@ -76,6 +76,19 @@ def tiny_args(workdir, tfds_dir, *extra):
           '--config.log_every_steps=4', '--config.eval_every_epochs=0', *extra)
 
 
+def jax_args(workdir, tfds_dir, *extra, devices=2):
+  """Ten steps of 32 images over 2 devices, 4 per execution (a short last
+  one), a checkpoint every 4, a moving average, the tiny network. float32 unless a test asks
+  for another policy (the last --policy wins): `auto` takes mixed_bfloat16
+  on a CPU with AMX, and the tolerances across backends are float32's."""
+  return ('--backend=jax', f'--num_cpu_devices={devices}', '--policy=float32',
+          f'--workdir={workdir}', '--config.model=efficientnet_tiny',
+          f'--config.data_dir={tfds_dir}', '--config.epochs=1',
+          '--config.examples_per_epoch=320', '--config.global_batch_size=32',
+          '--config.steps_per_execution=4', '--config.log_every_steps=4',
+          '--config.checkpoint_every_steps=4', '--config.ema_decay=0.9',
+          *extra)
+
 assert tf is None or tf.config.list_logical_devices('CPU'), (
     'TensorFlow sees no CPU')
 
@@ -124,10 +137,12 @@ def xla_on_cpu():
 # fast suite), longest first: handed out first, so that on 2 processes no
 # long module starts last while the other idles (by the junit times, about
 # 3 of the TF slow tier's 23 minutes). A module's tests stay together.
-LONGEST_FIRST = ('test_jax_backend', 'test_recipe_matrix', 'test_finetune',
-                 'test_image_folder', 'test_gcs_run', 'test_dali',
-                 'test_stopping', 'test_slurm', 'test_scale_out',
-                 'test_train_e2e', 'test_tfrecord_run', 'test_benchmark_sweep')
+LONGEST_FIRST = ('test_slurm', 'test_across_backends', 'test_jax_backend',
+                 'test_recipe_matrix', 'test_finetune', 'test_image_folder',
+                 'test_scale_out', 'test_gcs_run', 'test_dali',
+                 'test_mpirun', 'test_stopping', 'test_train_e2e',
+                 'test_csv_source', 'test_tfrecord_run',
+                 'test_benchmark_sweep')
 
 
 def pytest_collection_modifyitems(items):

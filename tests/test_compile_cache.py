@@ -107,6 +107,10 @@ def test_a_folder_that_cannot_be_written_turns_the_cache_off(tmp_path,
   assert not environ  # TensorFlow would fail the compile on a failed write.
 
 
+_SMALL = {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
+
+
 @pytest.mark.parametrize('setting, backend, gpus, accelerator, environ, '
                          'directory, variables', [
     ('', 'tensorflow', [], False, {}, None, {}),  # A CPU: off unless asked.
@@ -114,10 +118,17 @@ def test_a_folder_that_cannot_be_written_turns_the_cache_off(tmp_path,
      '/c', {'TF_XLA_FLAGS':
             '--tf_xla_auto_jit=2 --tf_xla_persistent_cache_directory=/c'}),
     ('off', 'tensorflow', ['NVIDIA H100 80GB HBM3'], True, {}, None, {}),
-    ('', 'jax', [], True, {}, '{root}/jax-0.10.2',  # A TPU on JAX.
-     {'JAX_COMPILATION_CACHE_DIR': '{root}/jax-0.10.2'}),
+    # A TPU on JAX: small programs (a model's set-up) cached too.
+    ('', 'jax', [], True, {}, '{root}/jax-0.10.2',
+     {'JAX_COMPILATION_CACHE_DIR': '{root}/jax-0.10.2', **_SMALL}),
     ('', 'jax', [], False, {}, None, {}),
-    ('', 'jax', [], True, {'JAX_COMPILATION_CACHE_DIR': '/mine'}, '/mine', {}),
+    ('', 'jax', [], True, {'JAX_COMPILATION_CACHE_DIR': '/mine'}, '/mine',
+     _SMALL),
+    # The user's own threshold stands.
+    ('/c', 'jax', [], False,
+     {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '2'}, '/c',
+     {'JAX_COMPILATION_CACHE_DIR': '/c',
+      'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}),
 ])
 def test_where_the_cache_goes(setting, backend, gpus, accelerator, environ,
                               directory, variables):

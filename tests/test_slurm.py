@@ -375,6 +375,8 @@ def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
       r'preempted: SIGTERM: checkpoint of step (\d+) committed', output)]
   resumed = [int(step) for step in re.findall(
       rf'Resuming at step (\d+) of {8 * epochs}', output)]
+  print(f'{BACKEND}: stopped at {stopped}, resumed at {resumed} of '
+        f'{8 * epochs}')
   # Each task says it stopped; each segment resumes where the last stopped.
   assert len(stopped) == 4 and stopped[0] == stopped[1] < stopped[2] == (
       stopped[3]), output[-3000:]

@@ -17,6 +17,13 @@ from pipeline.errors import UserError
 from pipeline.rules.speed import compile_cache as compile_cache_lib
 
 JAX_CACHE_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
+# JAX caches only programs that took a second to compile; a Keras model's
+# set-up compiles some two hundred small ones (an initializer a weight
+# shape, the eager ops), 11 s a start for B0 on a CPU, each paid again on
+# every restart after a preemption. Cached too (kilobytes each), a
+# restart reads them back: 34 s -> 27 s a run here (BUILD_NOTES.md).
+SMALL_PROGRAMS = {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+                  'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
 
 
 class JaxBackend:
@@ -29,16 +36,18 @@ class JaxBackend:
 
   def compile_cache(self, setting, environ, gpus, accelerator, versions):
     del gpus  # JAX keys its entries by device and software itself.
+    # The user's own thresholds stand.
+    small = {k: v for k, v in SMALL_PROGRAMS.items() if k not in environ}
     if environ.get(JAX_CACHE_VARIABLE):
       return compile_cache_lib.Settings(setting, environ[JAX_CACHE_VARIABLE],
-                                        f'your {JAX_CACHE_VARIABLE}')
+                                        f'your {JAX_CACHE_VARIABLE}', small)
     if not setting and not accelerator:
       return compile_cache_lib.off_on_a_cpu(setting)
     folder = os.path.expanduser(setting) or os.path.join(
         compile_cache_lib.root(), compile_cache_lib.slug(versions))
     return compile_cache_lib.Settings(
         setting, folder, compile_cache_lib.first_run(setting, 'JAX version'),
-        {JAX_CACHE_VARIABLE: folder})
+        {JAX_CACHE_VARIABLE: folder, **small})
 
   def check_compile_cache(self, directory):
     del directory  # JAX passes over an entry it cannot read by itself.
