@@ -27,6 +27,7 @@ from pipeline.data import dali_index
 from pipeline.data import decode
 from pipeline.data import tfrecords
 from pipeline.errors import UserError
+from pipeline.data.input_spec import InputSpec
 
 try:  # Two CPU devices for JAX's mesh, set before JAX starts (collection).
   import jax  # pylint: disable=g-import-not-at-top
@@ -483,10 +484,12 @@ def test_a_hosts_pipelines_share_its_cores_and_decode_an_execution_ahead(
   assert pipeline.num_threads == 1
   config = ml_collections.ConfigDict(dict(
       train_files=str(path), image_size=224, label_offset=0, augment='none',
-      shuffle_buffer=64, deterministic_input=False, seed=0))
+      shuffle_buffer=64, deterministic_input=False, seed=0, mixup_alpha=0.0,
+      cutmix_alpha=0.0, cache='', data_service=''))
   digits = types.SimpleNamespace(num_train_examples=16, num_classes=16)
   depth = lambda batch, steps, shards=1: dali.train_input(
-      config, digits, batch, str(tmp_path), steps, shards).prefetch_depth
+      config, InputSpec.of(config), digits, batch, str(tmp_path), steps,
+      shards).prefetch_depth
   assert depth(256, 8, 8) == 8  # A GPU's share: an execution ahead.
   assert depth(256, 1) == 2  # Never less than DALI's default.
   # A TPU host's whole batch at 100 steps: what 2 GiB holds of them.

@@ -18,10 +18,10 @@ from pipeline.data import augmentations
 from pipeline.data import inputs
 from pipeline.data import decode
 from pipeline.data import cache
-from pipeline.rules.config import validation
 from pipeline.data import sources
 from pipeline.data import tfrecords
 from pipeline.errors import UserError
+from pipeline.data.input_spec import InputSpec
 
 
 def _config(**overrides):
@@ -123,7 +123,8 @@ def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
   with tfds.testing.mock_data(num_examples=24):
     source = sources.load_source(config)
     assert (source.num_classes, source.num_train_examples) == (10, 24)
-    batch = next(iter(inputs.train_input_fn(config, source, 8)(_context())))
+    batch = next(iter(inputs.train_input_fn(InputSpec.of(config), source,
+                                            8)(_context())))
   images, labels, skipped = batch
   assert images.dtype == tf.uint8 and images.shape == (8, 32, 32, 3)
   assert labels.dtype == tf.int32
@@ -133,7 +134,7 @@ def test_tfds_mock_data_through_the_same_pipeline(tmp_path):
 def test_train_batches_are_uint8_per_replica(tfds_dir):
   config = _config(data_dir=tfds_dir)
   source = sources.load_source(config)
-  fn = inputs.train_input_fn(config, source, 64)
+  fn = inputs.train_input_fn(InputSpec.of(config), source, 64)
   images, labels, _ = next(iter(fn(_context(1, 0, replicas=2))))
   assert images.dtype == tf.uint8 and images.shape == (32, 32, 32, 3)
   assert labels.dtype == tf.int32 and labels.shape == (32,)
@@ -144,7 +145,7 @@ def test_train_batches_are_uint8_per_replica(tfds_dir):
 def test_eval_covers_every_example_once(tfds_dir, pipelines):
   config = _config(data_dir=tfds_dir)
   source = sources.load_source(config)
-  fn = inputs.eval_input_fn(config, source, 64)
+  fn = inputs.eval_input_fn(InputSpec.of(config), source, 64)
   seen = []
   for index in range(pipelines):
     for images, labels, weights in fn(_context(pipelines, index)):
@@ -256,7 +257,7 @@ def test_label_out_of_range_names_the_file(tfrecord_dir):
   root, _ = tfrecord_dir
   config = _tfrecord_config(root, label_offset=0, num_classes=10)
   source = sources.load_source(config)
-  fn = inputs.train_input_fn(config, source, 8)
+  fn = inputs.train_input_fn(InputSpec.of(config), source, 8)
   with pytest.raises(tf.errors.InvalidArgumentError) as error:
     for _ in fn(_context()).take(10):
       pass
@@ -286,7 +287,7 @@ def test_augmentation_changes_between_epochs_with_cache(tfrecord_dir):
   config = _tfrecord_config(root, augment='inception', cache='memory',
                             shuffle_buffer=1, deterministic_input=True)
   source = sources.load_source(config)
-  fn = inputs.train_input_fn(config, source, good)
+  fn = inputs.train_input_fn(InputSpec.of(config), source, good)
   epochs = iter(fn(_context()))
   first, second = next(epochs)[0].numpy(), next(epochs)[0].numpy()
   assert first.shape == (good, 32, 32, 3)
@@ -298,7 +299,7 @@ def test_file_cache_is_written_and_reused(tfrecord_dir, tmp_path):
   prefix = str(tmp_path / 'cache')
   config = _tfrecord_config(root, cache=prefix)
   source = sources.load_source(config)
-  dataset = inputs.train_input_fn(config, source, 8)(_context())
+  dataset = inputs.train_input_fn(InputSpec.of(config), source, 8)(_context())
   # More than two passes: the cache completes, then is read twice.
   skipped = sum(int(tf.reduce_sum(s)) for _, _, s in dataset.take(8))
   assert tf.io.gfile.glob(prefix + '-train-0*')
@@ -332,7 +333,7 @@ def test_a_bad_last_record_of_every_file_is_counted(bad_last_dir, cache,
   config = _tfrecord_config(bad_last_dir, cache=cache, shuffle_buffer=1,
                             deterministic_input=True)
   source = sources.load_source(config)
-  dataset = inputs.train_input_fn(config, source, 4)(_context())
+  dataset = inputs.train_input_fn(InputSpec.of(config), source, 4)(_context())
   skipped = sum(int(tf.reduce_sum(s)) for _, _, s in
                 dataset.take(passes * 20 // 4))
   assert skipped == counted
@@ -356,7 +357,7 @@ def test_without_a_cache_skipped_records_are_counted_each_pass(tfrecord_dir):
   root, good = tfrecord_dir
   config = _files_in_turn(root, cache='')
   source = sources.load_source(config)
-  dataset = inputs.train_input_fn(config, source, 8)(_context())
+  dataset = inputs.train_input_fn(InputSpec.of(config), source, 8)(_context())
   batches = 3 * good // 8  # Three passes over the 24 good records.
   skipped = sum(int(tf.reduce_sum(s)) for _, _, s in dataset.take(batches))
   assert skipped == 6  # 2 bad records a pass.
@@ -374,7 +375,7 @@ def test_deterministic_input_repeats_the_training_order(source_kind,
   source = sources.load_source(config)
 
   def labels():
-    dataset = inputs.train_input_fn(config, source, 8)(_context())
+    dataset = inputs.train_input_fn(InputSpec.of(config), source, 8)(_context())
     return [int(label) for _, batch, _ in dataset.take(6) for label in batch]
 
   first = labels()
@@ -393,8 +394,8 @@ def test_file_cache_left_locked_by_a_killed_run_is_written_anew(tfrecord_dir,
   (tmp_path / 'cache-train-0_0.data-00000-of-00001.tempstate123').write_text(
       'partial')
   config = _tfrecord_config(root, cache=prefix)
-  dataset = inputs.train_input_fn(config, sources.load_source(config), 8)(
-      _context())
+  dataset = inputs.train_input_fn(InputSpec.of(config),
+                                  sources.load_source(config), 8)(_context())
   assert not tf.io.gfile.glob(prefix + '*.lockfile')
   assert len(list(dataset.take(8))) == 8  # Two passes: written, then read.
   assert tf.io.gfile.glob(prefix + '-train-0*.index')
@@ -411,20 +412,21 @@ def test_memory_cache_holds_decoded_then_encoded_then_refuses(tfds_dir):
   """Digits at 224 px: 270 MB decoded, 57 KB as stored."""
   config = _config(data_dir=tfds_dir, image_size=224)
   source = sources.load_source(config)
-  kind, why = cache.choose(config, source, available_bytes=64 * 2**30)
+  spec = InputSpec.of(config)
+  kind, why = cache.choose(spec, source, available_bytes=64 * 2**30)
   assert kind == 'decoded' and 'fit in half the 64.0 GiB free' in why
-  kind, why = cache.choose(config, source, available_bytes=100 * 2**20)
+  kind, why = cache.choose(spec, source, available_bytes=100 * 2**20)
   assert kind == 'encoded' and 'decoded and cropped each epoch' in why
   with pytest.raises(UserError, match=r'cache=memory needs about .* GiB'):
-    cache.choose(config, source, available_bytes=64 * 2**10)
+    cache.choose(spec, source, available_bytes=64 * 2**10)
 
 
 @pytest.mark.parametrize('augment', augmentations.AUGMENTATIONS.names())
 def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
   config = _config(data_dir=tfds_dir, augment=augment, image_size=32)
   source = sources.load_source(config)
-  images, _, _ = next(iter(inputs.train_input_fn(config, source, 16)(
-      _context())))
+  images, _, _ = next(iter(inputs.train_input_fn(InputSpec.of(config),
+                                                 source, 16)(_context())))
   assert images.dtype == tf.uint8 and images.shape == (16, 32, 32, 3)
 
 
@@ -461,7 +463,8 @@ def test_uncached_crops_decode_every_format_and_skip_bad_records(tfrecord_dir):
   root, good = tfrecord_dir
   config = _files_in_turn(root, cache='', augment='inception')
   source = sources.load_source(config)
-  dataset = inputs.train_input_fn(config, source, good)(_context())
+  dataset = inputs.train_input_fn(InputSpec.of(config), source, good)(
+      _context())
   images, labels, skipped = next(iter(dataset))
   assert images.shape == (good, 32, 32, 3) and images.dtype == tf.uint8
   assert int(tf.reduce_sum(skipped)) == 2, skipped
@@ -491,8 +494,9 @@ def test_cached_and_uncached_runs_see_the_same_crops(tmp_path):
     config = _config(dataset='tfrecord', train_files=str(tmp_path / 'train-*'),
                      eval_files=str(tmp_path / 'train-*'), num_classes=2,
                      image_size=64, augment='inception', cache=setting)
-    dataset = inputs.train_input_fn(config, sources.load_source(config), 64)(
-        _context())
+    dataset = inputs.train_input_fn(InputSpec.of(config),
+                                    sources.load_source(config), 64)(
+                                        _context())
     images = np.concatenate([b[0].numpy() for b in dataset.take(4)])
     red, green = images[..., 0].astype(float), images[..., 1].astype(float)
     extents[setting] = np.stack([
@@ -512,10 +516,12 @@ def test_encoded_cache_decodes_and_counts_each_pass(tfrecord_dir):
   root, good = tfrecord_dir
   config = _tfrecord_config(root, cache='memory', augment='inception')
   source = sources.load_source(config)
-  dataset = inputs.train_input_fn(config, source, 8, cache='encoded')(_context())
+  spec = InputSpec.of(config)
+  dataset = inputs.train_input_fn(spec, source, 8, cache='encoded')(
+      _context())
   batches = list(dataset.take(3 * good // 8))
   assert all(b[0].shape == (8, 32, 32, 3) for b in batches)
   assert 4 <= sum(int(tf.reduce_sum(b[2])) for b in batches) <= 6
-  evaluation = inputs.eval_input_fn(config, source, 8, cache='encoded')(
+  evaluation = inputs.eval_input_fn(spec, source, 8, cache='encoded')(
       _context())
   assert sum(int(tf.reduce_sum(w)) for _, _, w in evaluation) == 11

@@ -17,6 +17,7 @@ from pipeline.data import inputs
 from pipeline.data import data_service
 from pipeline.data import sources
 from pipeline.data import tfrecords
+from pipeline.data.input_spec import InputSpec
 from tests.conftest import REPO
 from tests.conftest import free_port
 from tests.conftest import run_train
@@ -48,8 +49,9 @@ def test_training_input_through_a_dispatcher_and_two_workers(tmp_path):
              for _ in range(2)]
   config = _tfrecord_config(tmp_path, data_service=dispatcher.target)
   source = sources.load_source(config)
-  dataset = inputs.train_input_fn(config, source, 8, service_job='test')(
-      tf.distribute.InputContext())
+  dataset = inputs.train_input_fn(InputSpec.of(config), source, 8,
+                                  service_job='test')(
+                                      tf.distribute.InputContext())
   # The service hands out whichever worker's batch is ready: a worker that
   # started late (a loaded machine) may be read from only after hundreds of
   # the other's. Batches are read until both workers' first passes have

@@ -196,7 +196,8 @@ def test_init_from_a_run_of_other_class_names_is_refused(tree, trained,
                              (False, models.backbone(saved).weights)):
     config.init_head = init_head
     model = models.build_model(config.model, 10, config.image_size)
-    said = finetune.load_init_from(config, model, NAMES, str(tmp_path))
+    said = finetune.load_init_from(finetune.FineTuning.of(config), model,
+                                   NAMES, str(tmp_path))
     assert said == (f'{"head (the same 10 classes) and " * init_head}'
                     f'backbone from step {step} of the run in {trained}')
     same_as_saved = [np.array_equal(mine, theirs) for mine, theirs in

@@ -71,7 +71,8 @@ def test_published_weights_compute_what_keras_imagenet_network_does(
   config.update(model=name, image_size=SIZE, init_from='imagenet')
   model = models.build_model(name, 10, SIZE, batch_norm='one_pass',
                              squeeze_excite='matmul')
-  said = finetune.load_init_from(config, model, (), str(tmp_path))
+  said = finetune.load_init_from(finetune.FineTuning.of(config), model, (),
+                                 str(tmp_path))
   assert said == "backbone from keras.applications' ImageNet weights"
   theirs = models.MODELS[name].headless(name, 'imagenet', (SIZE, SIZE, 3))
   assert asked == [models.MODELS[name].published_file(name)] * 2

@@ -258,24 +258,23 @@ def test_mixup_and_cutmix_blend_images_and_labels_alike():
 
 
 def test_backbone_weights_from_a_file_arrive(tmp_path):
-  import ml_collections  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(1)
   trained = models.build_model('efficientnet_b0', 10, 32)
   path = str(tmp_path / 'backbone.weights.h5')
   models.backbone(trained).save_weights(path)
   keras.utils.set_random_seed(2)
   model = models.build_model('efficientnet_b0', 3, 64)
-  config = ml_collections.ConfigDict(dict(
-      model='efficientnet_b0', image_size=64, init_from=path))
-  assert finetune.load_init_from(config, model, (), str(tmp_path)) == (
+  tuning = finetune.FineTuning('efficientnet_b0', 64, init_from=path)
+  assert finetune.load_init_from(tuning, model, (), str(tmp_path)) == (
       f'backbone from the weights file {path}')
   for mine, theirs in zip(models.backbone(model).weights,
                           models.backbone(trained).weights):
     np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
   assert models.backbone(model).weights  # Not vacuous.
-  config.init_from = str(tmp_path / 'missing.h5')
+  missing = finetune.FineTuning('efficientnet_b0', 64,
+                                init_from=str(tmp_path / 'missing.h5'))
   with pytest.raises(Exception, match='no such weights file'):
-    finetune.load_init_from(config, model, (), str(tmp_path))
+    finetune.load_init_from(missing, model, (), str(tmp_path))
 
 
 @pytest.mark.parametrize('warmup_steps, decay_steps', [(5, 20), (0, 10)])

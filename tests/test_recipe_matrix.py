@@ -87,7 +87,8 @@ def weights_file(tmp_path_factory):
   path = str(tmp_path_factory.mktemp('weights') / 'b0_notop.weights.h5')
   config = _digits(default.get_config(), '')
   keras.utils.set_random_seed(1)
-  finetune._headless(config, None).save_weights(path)  # pylint: disable=protected-access
+  finetune.headless(finetune.FineTuning.of(config), None).save_weights(
+      path)
   return path
 
 
@@ -104,7 +105,8 @@ def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
   plan = plan_lib.resolve(config, request_lib.Request(policy=policy))
   trainer = plan.backend.build_trainer(plan)
   if config.init_from:
-    finetune.load_init_from(config, trainer.model, (), '')  # A weights file.
+    finetune.load_init_from(finetune.FineTuning.of(config), trainer.model,
+                            (), '')  # A weights file.
     trainer.read_back()
   train = iter(inputs.train_batches(plan))
   evaluation = iter(inputs.eval_batches(plan))

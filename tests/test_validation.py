@@ -21,6 +21,7 @@ from pipeline.data import augmentations
 from pipeline.data import sources
 from pipeline.rules.config import validation
 from pipeline.errors import UserError
+from pipeline.data.input_spec import InputSpec
 
 DATA_TABLES = (sources.SOURCES, augmentations.AUGMENTATIONS)
 
@@ -101,7 +102,7 @@ def test_the_words_for_no_cache_turn_it_off(typed, tmp_path, monkeypatch):
   validation.validate(config, 2, recipe.tables(), DATA_TABLES)
   assert config.cache == ''
   from pipeline.data import cache  # pylint: disable=g-import-not-at-top
-  assert cache.choose(config, None) == ('none', "cache=''")
+  assert cache.choose(InputSpec.of(config), None) == ('none', "cache=''")
   assert os.listdir(tmp_path) == []
 
 

@@ -1,9 +1,9 @@
 """What the input caches, and the cache itself.
 
-choose() picks, from config.cache and the sizes: decoded images (where they
-fit in half the free RAM, or in a file cache), else the encoded records,
-else a one-line refusal. apply() puts the cache in a pipeline and clears the
-lock a killed run left on a file cache.
+choose() picks, from the InputSpec's cache (config.cache) and the sizes:
+decoded images (where they fit in half the free RAM, or in a file cache),
+else the encoded records, else a one-line refusal. apply() puts the cache
+in a pipeline and clears the lock a killed run left on a file cache.
 """
 
 import os
@@ -11,8 +11,6 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from pipeline.data import augmentations
-from pipeline.data import decode
 from pipeline.storage import gcs
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
@@ -30,33 +28,35 @@ def available_memory_bytes():
   return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
 
 
-def choose(config, source, available_bytes=None):
-  """What `config.cache` caches: (kind, why), kind none, decoded or encoded.
+def choose(spec, source, available_bytes=None):
+  """What `spec.cache` caches (`spec`: an InputSpec): (kind, why), kind
+  none, decoded or encoded.
 
   'memory' holds the decoded images where they fit in half the free RAM,
   else the encoded records (decoded and cropped again each epoch: about the
   cost of no cache, without the reads), else refuses in one line. A file
   prefix holds decoded images on disk; its folder must be writable.
   """
-  if not config.cache:
+  setting = spec.cache
+  if not setting:
     return 'none', "cache=''"
-  if gcs.is_gcs(config.cache):  # A TPU Node's, which its workers write.
-    return 'decoded', f'cache={config.cache!r}, on the TPU workers'
-  if config.cache != 'memory':
+  if gcs.is_gcs(setting):  # A TPU Node's, which its workers write.
+    return 'decoded', f'cache={setting!r}, on the TPU workers'
+  if setting != 'memory':
     try:
-      workdirs.check_writable(os.path.dirname(os.path.abspath(config.cache)),
-                             what=f'cache={config.cache!r}: folder')
+      workdirs.check_writable(os.path.dirname(os.path.abspath(setting)),
+                             what=f'cache={setting!r}: folder')
     except UserError as e:
       raise UserError(f"{e}; use a writable path prefix, 'memory' or '' "
                       '(no cache)') from None
-    return 'decoded', f'file cache {config.cache}-*'
-  size, examples = decode.cache_size(config), (source.num_train_examples +
-                                         source.num_eval_examples)
+    return 'decoded', f'file cache {setting}-*'
+  size, examples = spec.cache_size, (source.num_train_examples +
+                                     source.num_eval_examples)
   # A decoded cache keeps each training image's aspect (about 4:3) for
   # random crops; evaluation's images are final.
-  aspect = augmentations.of(config).cached_aspect
+  aspect = spec.augmentation.cached_aspect
   decoded = 3 * (source.num_train_examples * size**2 * aspect +
-                 source.num_eval_examples * config.image_size**2)
+                 source.num_eval_examples * spec.image_size**2)
   available = available_bytes or available_memory_bytes()
   gib = lambda n: f'{n / 2**30:.1f} GiB'
   if decoded <= available // 2:
@@ -76,12 +76,13 @@ def choose(config, source, available_bytes=None):
       "--config.cache=/local/path/prefix (a file cache) or --config.cache=''")
 
 
-def apply(dataset, config, split, input_context):
-  if config.cache == 'memory':
+def apply(dataset, spec, split, input_context):
+  """`dataset` cached as the InputSpec `spec` says."""
+  if spec.cache == 'memory':
     return dataset.cache()
-  if config.cache:
+  if spec.cache:
     # One file cache per split and input pipeline; each holds its own shard.
-    prefix = f'{config.cache}-{split}-{input_context.input_pipeline_id}'
+    prefix = f'{spec.cache}-{split}-{input_context.input_pipeline_id}'
     remove_stale_lock(prefix)
     return dataset.cache(prefix)
   return dataset

@@ -260,23 +260,24 @@ def shard_size(num_examples, shard_id, num_shards):
 _PREFETCH_BYTES = 2 << 30
 
 
-def train_input(config, source, global_batch_size, staging_dir,
+def train_input(config, spec, source, global_batch_size, staging_dir,
                 steps_per_execution=1, num_shards=1):
-  """The training split's Input: each of `num_shards` pipelines decodes one
-  execution ahead (the trainer takes a whole execution's batches at once)
-  where _PREFETCH_BYTES holds it, 2 batches at least."""
-  per_shard_bytes = (global_batch_size // num_shards) * config.image_size**2 * 3
+  """The training split's Input, of the TFRecord files `config` names,
+  prepared as the InputSpec `spec` says: each of `num_shards` pipelines
+  decodes one execution ahead (the trainer takes a whole execution's
+  batches at once) where _PREFETCH_BYTES holds it, 2 batches at least."""
+  per_shard_bytes = (global_batch_size // num_shards) * spec.image_size**2 * 3
   depth = max(2, min(steps_per_execution, _PREFETCH_BYTES // per_shard_bytes))
-  return _input(config, source, global_batch_size, staging_dir, True, depth)
+  return _input(config, spec, source, global_batch_size, staging_dir, True,
+                depth)
 
 
-def eval_input(config, source, global_batch_size, staging_dir):
-  return _input(config, source, global_batch_size, staging_dir, False)
+def eval_input(config, spec, source, global_batch_size, staging_dir):
+  return _input(config, spec, source, global_batch_size, staging_dir, False)
 
 
-def _input(config, source, global_batch_size, staging_dir, training,
+def _input(config, spec, source, global_batch_size, staging_dir, training,
            prefetch_depth=2):
-  from pipeline.data import decode  # pylint: disable=g-import-not-at-top
   from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
   files = tuple(tfrecords.list_files(config.train_files if training
                                      else config.eval_files))
@@ -285,12 +286,10 @@ def _input(config, source, global_batch_size, staging_dir, training,
       training=training, global_batch_size=global_batch_size,
       num_examples=(source.num_train_examples if training
                     else source.num_eval_examples),
-      image_size=config.image_size, num_classes=source.num_classes,
-      label_offset=config.label_offset,
-      augmentation=augmentations.of(config),
-      central_fraction=decode.central_fraction(config),
-      shuffle_buffer=config.shuffle_buffer,
-      seed=config.seed if config.deterministic_input else None,
+      image_size=spec.image_size, num_classes=source.num_classes,
+      label_offset=config.label_offset, augmentation=spec.augmentation,
+      central_fraction=spec.central_fraction,
+      shuffle_buffer=spec.shuffle_buffer, seed=spec.shuffle_seed,
       num_threads=dali_index.cpu_threads(), prefetch_depth=prefetch_depth)
 
 

@@ -19,11 +19,11 @@ LABEL_ERROR = 'LABEL_OUT_OF_RANGE'
 DECODES_IN_FLIGHT = 64
 
 
-def eval_preprocessing(config):
-  """How evaluation turns a file into the model's input, as the export's
-  metadata records it: see eval_image."""
-  fraction = central_fraction(config)
-  return {'image_size': config.image_size, 'central_fraction': fraction,
+def eval_preprocessing(spec):
+  """How evaluation turns a file into the model's input (`spec`: the
+  run's InputSpec), as the export's metadata records it: see eval_image."""
+  return {'image_size': spec.image_size,
+          'central_fraction': spec.central_fraction,
           'rule': 'decode (grayscale, RGBA, CMYK -> RGB); take the central '
                   'square of central_fraction of the shorter side; resize it '
                   'to image_size (bilinear; a JPEG at least twice image_size '
@@ -36,16 +36,6 @@ def eval_image(encoded, image_size, central_fraction):
   return decode_window(
       encoded, lambda shape: central_window(shape, central_fraction),
       square(image_size))
-
-
-def central_fraction(config):
-  """Of each side, what evaluation crops to, centred (augmentations.py)."""
-  return augmentations.of(config).central_fraction
-
-
-def cache_size(config):
-  """The shorter side of what a decoded cache holds for training."""
-  return int(round(config.image_size / central_fraction(config)))
 
 
 # --- decode: only the window the model will see -------------------------------

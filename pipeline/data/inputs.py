@@ -8,14 +8,14 @@ cannot be (decode.py). What is cached (cache.py): decoded images, augmented afte
 the cache every epoch (augmenting before it would freeze the first epoch's
 crops); or the encoded records, decoded and cropped every epoch; or nothing.
 Then batch and prefetch. Images stay uint8 until they reach the device,
-where the model casts them. Every input function takes a
+where the model casts them. What they take of the config is an InputSpec
+(input_spec.py, the plan's `input`); every input function takes a
 tf.distribute.InputContext, and batches are per replica.
 """
 
 import tensorflow as tf
 
 from pipeline.data import augment
-from pipeline.data import augmentations
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
 from pipeline.data import data_service
@@ -26,93 +26,91 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 def train_batches(plan, service_job='train'):
   """The plan's training batches, through its backend."""
-  config = plan.config
   if plan.input_pipeline == dali.DALI:
     return plan.backend.distribute_dali(plan.hardware, dali.train_input(
-        config, plan.source, plan.global_batch_size, plan.staging_dir,
-        plan.steps_per_execution, plan.hardware.num_replicas))
+        plan.config, plan.input, plan.source, plan.global_batch_size,
+        plan.staging_dir, plan.steps_per_execution,
+        plan.hardware.num_replicas))
   return plan.backend.distribute(plan.hardware, train_input_fn(
-      config, plan.source, plan.global_batch_size, plan.cache, service_job))
+      plan.input, plan.source, plan.global_batch_size, plan.cache,
+      service_job))
 
 
 def eval_batches(plan):
   """The plan's evaluation batches (eval_steps of them), through its
   backend."""
-  config = plan.config
   if plan.input_pipeline == dali.DALI:
     return plan.backend.distribute_dali(plan.hardware, dali.eval_input(
-        config, plan.source, plan.global_batch_size, plan.staging_dir))
+        plan.config, plan.input, plan.source, plan.global_batch_size,
+        plan.staging_dir))
   return plan.backend.distribute(plan.hardware, eval_input_fn(
-      config, plan.source, plan.global_batch_size, plan.cache))
+      plan.input, plan.source, plan.global_batch_size, plan.cache))
 
 
-def _default_cache(config):
-  return 'decoded' if config.cache else 'none'
+def _default_cache(spec):
+  return 'decoded' if spec.cache else 'none'
 
 
-def train_input_fn(config, source, global_batch_size, cache=None,
+def train_input_fn(spec, source, global_batch_size, cache=None,
                    service_job='train'):
   """An input function for strategy.distribute_datasets_from_function:
   batches of (uint8 images, int32 labels, int32 records skipped before each);
   with mixup or CutMix, float32 soft labels [batch, classes] instead.
 
-  `cache`: cache.choose's kind (default: 'decoded' if config.cache). A
-  decoded cache holds whole images and augments after it; otherwise the
-  shuffled records are decoded with their random crop each epoch. With
-  config.data_service, the service's workers run it all as `service_job`.
+  `spec`: an InputSpec. `cache`: cache.choose's kind (default: 'decoded'
+  if spec.cache). A decoded cache holds whole images and augments after
+  it; otherwise the shuffled records are decoded with their random crop
+  each epoch. With spec.data_service, the service's workers run it all as
+  `service_job`.
   """
-  cache = cache or _default_cache(config)
-  seed = config.seed if config.deterministic_input else None
-  size = config.image_size
-  mixup_alpha = config.mixup_alpha
-  cutmix_alpha = config.cutmix_alpha
+  cache = cache or _default_cache(spec)
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    records = source.read('train', input_context, True, seed)
+    records = source.read('train', input_context, True, spec.shuffle_seed)
     if cache == 'decoded':
-      dataset = _cached_then_augmented(records, config, source, seed,
-                                       input_context)
+      dataset = _cached_then_augmented(records, spec, source, input_context)
     else:
-      dataset = _augmented_as_decoded(records, config, source, seed,
-                                      input_context, cache == 'encoded')
+      dataset = _augmented_as_decoded(records, spec, source, input_context,
+                                      cache == 'encoded')
     dataset = dataset.batch(batch_size, drop_remainder=True)
-    if mixup_alpha or cutmix_alpha:
-      mix = augment.mixer(mixup_alpha, cutmix_alpha, source.num_classes, size)
-      # Seeded by the config's seed, the pipeline and the batch's index.
-      stream = config.seed * 1024 + input_context.input_pipeline_id
+    if spec.mixes:
+      mix = augment.mixer(spec.mixup_alpha, spec.cutmix_alpha,
+                          source.num_classes, spec.image_size)
+      # Seeded by the run's seed, the pipeline and the batch's index.
+      stream = spec.seed * 1024 + input_context.input_pipeline_id
       dataset = dataset.enumerate().map(
           lambda index, batch: mix(batch, tf.stack(
               [tf.constant(stream, tf.int64), index])),
           num_parallel_calls=AUTOTUNE)
     options = tf.data.Options()
-    options.deterministic = config.deterministic_input
+    options.deterministic = spec.deterministic
     dataset = dataset.with_options(options)
-    if config.data_service:
-      dataset = data_service.distribute(dataset, config.data_service,
+    if spec.data_service:
+      dataset = data_service.distribute(dataset, spec.data_service,
                                         service_job)
     return dataset.prefetch(AUTOTUNE)
 
   return input_fn
 
 
-def _cached_then_augmented(records, config, source, seed, input_context):
+def _cached_then_augmented(records, spec, source, input_context):
   """Decoded once into the cache, then augmented every epoch. Inception
   crops need the whole image (aspect kept); other images are final once
   decoded. Both passes read the one cache, whose records were skipped once.
   """
-  size = config.image_size
-  buffer = min(config.shuffle_buffer, source.num_train_examples)
-  augmentation = augmentations.of(config)
+  size, seed, augmentation = spec.image_size, spec.shuffle_seed, (
+      spec.augmentation)
+  buffer = min(spec.shuffle_buffer, source.num_train_examples)
   window, shape_of, image_shape = (
-      (decode.whole_window, decode.shorter_side(decode.cache_size(config)),
+      (decode.whole_window, decode.shorter_side(spec.cache_size),
        (None, None, 3))
       if augmentation.inception_crop else
       (decode.square_window, decode.square(size), (size, size, 3)))
   dataset = cache_lib.apply(decode.decoded_records(
       records, source.parse,
       lambda encoded: decode.decode_window(encoded, window, shape_of),
-      image_shape, source.num_classes), config, 'train', input_context)
+      image_shape, source.num_classes), spec, 'train', input_context)
   rest = dataset.map(decode.without_skips).shuffle(
       buffer, seed=None if seed is None else seed + 1).repeat()
   transform = augment.augmenter(augmentation, size, crop=True)
@@ -121,16 +119,15 @@ def _cached_then_augmented(records, config, source, seed, input_context):
       num_parallel_calls=AUTOTUNE)
 
 
-def _augmented_as_decoded(records, config, source, seed, input_context,
+def _augmented_as_decoded(records, spec, source, input_context,
                           cache_encoded):
   """The shuffled records (or their encoded cache) decoded each epoch with
   their random crop: one parallel stage decodes and augments."""
-  size = config.image_size
+  size, augmentation = spec.image_size, spec.augmentation
   if cache_encoded:
-    records = cache_lib.apply(records, config, 'train', input_context)
-  buffer = min(config.shuffle_buffer, source.num_train_examples)
-  records = records.shuffle(buffer, seed=seed).repeat()
-  augmentation = augmentations.of(config)
+    records = cache_lib.apply(records, spec, 'train', input_context)
+  buffer = min(spec.shuffle_buffer, source.num_train_examples)
+  records = records.shuffle(buffer, seed=spec.shuffle_seed).repeat()
   window = (decode.random_window if augmentation.inception_crop
             else decode.square_window)
   transform = augment.augmenter(augmentation, size, crop=False)
@@ -146,24 +143,23 @@ def eval_steps(source, global_batch_size):
   return -(-source.num_eval_examples // global_batch_size)
 
 
-def eval_input_fn(config, source, global_batch_size, cache=None):
+def eval_input_fn(spec, source, global_batch_size, cache=None):
   """Held-out examples as (image, label, weight), padded to full batches.
 
   Each pipeline pads its shard with weight-0 examples to the same number of
   full batches, so every example counts exactly once while every batch keeps
   the static shape TPUs need. A decoded cache holds the final images.
   """
-  cache = cache or _default_cache(config)
-  size = config.image_size
+  cache = cache or _default_cache(spec)
+  size, fraction = spec.image_size, spec.central_fraction
   steps = eval_steps(source, global_batch_size)
-  fraction = decode.central_fraction(config)
 
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     per_pipeline = steps * global_batch_size // input_context.num_input_pipelines
     records = source.read('eval', input_context, False, None)
     if cache == 'encoded':
-      records = cache_lib.apply(records, config, 'eval', input_context)
+      records = cache_lib.apply(records, spec, 'eval', input_context)
     dataset = decode.decoded_records(
         records, source.parse,
         lambda encoded: decode.eval_image(encoded, size, fraction),
@@ -173,7 +169,7 @@ def eval_input_fn(config, source, global_batch_size, cache=None):
         (tf.zeros((size, size, 3), tf.uint8), 0, 0.0)).repeat()
     dataset = dataset.concatenate(padding).take(per_pipeline)
     if cache == 'decoded':
-      dataset = cache_lib.apply(dataset, config, 'eval', input_context)
+      dataset = cache_lib.apply(dataset, spec, 'eval', input_context)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
 
   return input_fn

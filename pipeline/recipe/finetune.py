@@ -18,12 +18,14 @@ With `freeze_backbone_epochs`, the backbone is frozen for that long (batch
 norm in inference mode) while the head learns, then the whole model
 trains (the backend's Trainer.train).
 
-Everything of it is here: what init_from may name, checked before anything
-is built (so --dry_run says so too), the plan's words for it, and loading
-the weights, which the model's family (recipe/models/) builds and names
-and the checkpoint formats (storage/checkpoint_files.py) read.
+Everything of it is here: what it takes of the config (FineTuning, the
+plan's `fine_tuning`), what init_from may name, checked before anything is
+built (so --dry_run says so too), the plan's words for it, and loading the
+weights, which the model's family (recipe/models/) builds and names and
+the checkpoint formats (storage/checkpoint_files.py) read.
 """
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -44,42 +46,58 @@ from pipeline.storage.checkpoint import Checkpointer
 WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')
 
 
-def load_init_from(config, model, class_names, staging_dir):
-  """Loads `config.init_from` into `model` (these data's `class_names`):
+@dataclasses.dataclass(frozen=True)
+class FineTuning:
+  """What fine-tuning takes of a run's config, read once: the network
+  (its name and input size) and where its first weights come from."""
+  model: str
+  image_size: int
+  init_from: str = ''  # '' (random), 'imagenet', a weights file, a workdir.
+  init_head: bool = True  # A run's head too, where it trained these classes.
+  freeze_backbone_epochs: float = 0.0
+
+  @classmethod
+  def of(cls, config):
+    return cls(config.model, config.image_size, config.init_from,
+               config.init_head, config.freeze_backbone_epochs)
+
+
+def load_init_from(tuning, model, class_names, staging_dir):
+  """Loads `tuning.init_from` into `model` (these data's `class_names`):
   its backbone, and a run's head where carries_head says so.
   Returns what it did."""
-  init_from = config.init_from
-  family = models.MODELS[config.model]
+  init_from = tuning.init_from
+  family = models.MODELS[tuning.model]
   if init_from == 'imagenet':
-    source = _published(config)
+    source = _published(tuning)
   elif WEIGHTS_FILE.search(init_from):
-    source = _from_file(config, init_from)
+    source = _from_file(tuning, init_from)
   else:
-    return _from_run(config, init_from, model, class_names, staging_dir)
+    return _from_run(tuning, init_from, model, class_names, staging_dir)
   # Keras' ImageNet weights, downloaded or fetched by hand under their name.
   published = (init_from == 'imagenet' or
-               os.path.basename(init_from) == _published_name(config.model))
-  family.load(config.model, models.backbone(model), source, published)
+               os.path.basename(init_from) == _published_name(tuning.model))
+  family.load(tuning.model, models.backbone(model), source, published)
   return describe(init_from)
 
 
-def _headless(config, weights):
-  """The config's network, headless, with `weights` (its family's)."""
-  return models.MODELS[config.model].headless(
-      config.model, weights, (config.image_size, config.image_size, 3))
+def headless(tuning, weights):
+  """The run's network, headless, with `weights` (its family's)."""
+  return models.MODELS[tuning.model].headless(
+      tuning.model, weights, (tuning.image_size, tuning.image_size, 3))
 
 
-def _published(config):
-  family = models.MODELS[config.model]
-  family.published_file(config.model)  # One line where there are none.
+def _published(tuning):
+  family = models.MODELS[tuning.model]
+  family.published_file(tuning.model)  # One line where there are none.
   try:
-    return _headless(config, 'imagenet')
+    return headless(tuning, 'imagenet')
   except Exception as e:  # pylint: disable=broad-except
     # Keras raises a bare Exception for a failed download.
     url = re.search(r'https?://\S+?\.h5', str(e))
     where = url.group(0) if url else "Keras' published weights"
     raise UserError(
-        f"init_from=imagenet: downloading {config.model}'s ImageNet weights "
+        f"init_from=imagenet: downloading {tuning.model}'s ImageNet weights "
         f'failed ({first_line(e)}); without network, fetch {where} '
         'elsewhere and pass its path as --config.init_from=PATH') from None
 
@@ -97,35 +115,34 @@ def _published_name(model):
     return ''
 
 
-def _from_file(config, path):
-  check_source(config, (), '')
+def _from_file(tuning, path):
+  check_source(tuning, (), '')
   with tempfile.TemporaryDirectory() as folder:
     local = path
     if '://' in path:  # h5py reads local files only.
       local = os.path.join(folder, os.path.basename(path))
       tf.io.gfile.copy(path, local)
     try:
-      return _headless(config, local)
+      return headless(tuning, local)
     except (ValueError, OSError) as e:
-      example = _published_name(config.model)
+      example = _published_name(tuning.model)
       raise UserError(f'init_from={path!r} does not load into the headless '
-                      f'{config.model} ({first_line(e)}); pass weights of '
+                      f'{tuning.model} ({first_line(e)}); pass weights of '
                       'that network' + (f", e.g. Keras' {example}" if example
                                         else '')) from None
 
 
-def _from_run(config, url, model, class_names, staging_dir):
+def _from_run(tuning, url, model, class_names, staging_dir):
   """Another run's newest committed checkpoint: its backbone, and its head
   if it trained these classes and init_head is on."""
-  workdir, saved = source_run(config, url, staging_dir)
-  carried = (class_names if carries_head(config, saved,
-                                                       class_names) else ())
+  workdir, saved = source_run(tuning, url, staging_dir)
+  carried = class_names if carries_head(tuning, saved, class_names) else ()
   theirs = validation.complete(saved['config'], source=f'{url}/run.json')
   # Restored whole, at any image size (no weight depends on it); a head of
   # other classes is dropped.
   source = models.build_model(theirs.model,
                               saved['resolved']['num_classes'],
-                              config.image_size)
+                              tuning.image_size)
   checkpointer, averages = _reader(workdir, source, theirs.ema_decay,
                                    saved['resolved'])
   step = checkpointer.restore_latest()
@@ -137,7 +154,7 @@ def _from_run(config, url, model, class_names, staging_dir):
   if carried:
     model.set_weights(source.get_weights())
   else:
-    models.MODELS[config.model].load(config.model, models.backbone(model),
+    models.MODELS[tuning.model].load(tuning.model, models.backbone(model),
                                      models.backbone(source), False)
   return (f'{parts(carried)} from step {step} of the run in '
           f'{url}' + (' (its moving average)' if averages else ''))
@@ -163,13 +180,13 @@ def _reader(workdir, source, ema_decay, resolved):
 # --- What init_from may name, and the plan's words for it ---------------
 
 
-def check_source(config, class_names, staging_dir):
+def check_source(tuning, class_names, staging_dir):
   """For a run that starts now: a one-line UserError if `init_from` names a
   weights file that is not there, a folder that holds no run of this model,
   or a run whose head would be carried but trained other class names (found
   before anything is built, so --dry_run says so too). Returns how the plan
   names the first weights."""
-  init_from = config.init_from
+  init_from = tuning.init_from
   if not init_from or init_from == 'imagenet':
     return describe(init_from)
   if WEIGHTS_FILE.search(init_from):
@@ -178,22 +195,22 @@ def check_source(config, class_names, staging_dir):
                       "accepted: imagenet, a .h5 weights file of the model's "
                       'headless network, or the workdir of another run')
     return describe(init_from)
-  _, saved = source_run(config, init_from, staging_dir)
-  carried = carries_head(config, saved, class_names)
+  _, saved = source_run(tuning, init_from, staging_dir)
+  carried = carries_head(tuning, saved, class_names)
   return describe(init_from, class_names if carried else ())
 
 
-def carries_head(config, saved, class_names):
+def carries_head(tuning, saved, class_names):
   """Whether the run `init_from` names (its run.json `saved`) gives its head
   too: `init_head` is on and both runs know their class names, which must
   then be the same (a one-line UserError if not: its head would answer for
   other classes)."""
   theirs = tuple(saved.get('resolved', {}).get('class_names') or ())
-  if not (config.init_head and theirs and class_names):
+  if not (tuning.init_head and theirs and class_names):
     return False
   if theirs != tuple(class_names):
     raise UserError(
-        f'init_from={config.init_from!r} trained '
+        f'init_from={tuning.init_from!r} trained '
         f'{classes.differing(theirs, class_names)}; pass '
         '--config.init_head=False to take its backbone alone with a new head '
         'for these classes, or start from a run of these classes')
@@ -206,7 +223,7 @@ def parts(carried_classes):
           if carried_classes else 'backbone')
 
 
-def source_run(config, url, staging_dir):
+def source_run(tuning, url, staging_dir):
   """(Workdir, run.json) of the run `init_from` names, checked."""
   workdir = workdirs.Workdir(url, os.path.join(staging_dir, 'init_from'))
   saved = workdir.read_json('run.json')
@@ -214,9 +231,9 @@ def source_run(config, url, staging_dir):
     raise UserError(f'init_from={url!r} is not imagenet, a .h5 weights file '
                     'or the workdir of a run (it has no run.json)')
   theirs = saved['config']['model']
-  if theirs != config.model:
+  if theirs != tuning.model:
     raise UserError(f'init_from={url!r} trained {theirs}, not '
-                    f'{config.model}; set --config.model={theirs} or start '
+                    f'{tuning.model}; set --config.model={theirs} or start '
                     'from another run')
   return workdir, saved
 
@@ -233,6 +250,6 @@ def describe(init_from, carried_classes=()):
   return f'{parts(carried_classes)} from the run in {init_from}'
 
 
-def frozen_steps(config, steps_per_epoch):
+def frozen_steps(tuning, steps_per_epoch):
   """Steps that train the head alone."""
-  return int(round(config.freeze_backbone_epochs * steps_per_epoch))
+  return int(round(tuning.freeze_backbone_epochs * steps_per_epoch))

@@ -37,10 +37,11 @@ _COST_KEYS = {'flops': 'flops_per_image', 'bytes': 'bytes_per_image',
               'counted': 'step_cost_counted', 'reason': 'step_cost_reason'}
 
 
-def input_throughput(config, source, global_batch_size, max_batches,
+def input_throughput(spec, source, global_batch_size, max_batches,
                      cache=None):
-  """Images/s of the whole pipeline on the host: (cold, warm) passes."""
-  dataset = inputs.train_input_fn(config, source, global_batch_size, cache)(
+  """Images/s of the whole pipeline (prepared as the InputSpec `spec`
+  says) on the host: (cold, warm) passes."""
+  dataset = inputs.train_input_fn(spec, source, global_batch_size, cache)(
       tf.distribute.InputContext(1, 0, 1))
   batches_per_pass = min(source.num_train_examples // global_batch_size,
                          max_batches)
@@ -90,7 +91,8 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
   batches = executions * spe
   logging.info('Input alone: two passes of up to %d batches of %d', batches,
                batch)
-  cold, warm = input_throughput(config, source, batch, batches, plan.cache)
+  cold, warm = input_throughput(plan.input, source, batch, batches,
+                                plan.cache)
   cores = available_cores()
   result = {
       'model': config.model, 'dataset': source.name,
@@ -112,10 +114,11 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
     # DALI beside them where it is installed, decoding where training would.
     on_gpu = plan.hardware.device_kind == 'GPU'
     with_dali = dali.installed()
-    dali_input = with_dali and dali.train_input(config, source, batch,
-                                                plan.staging_dir)
+    dali_input = with_dali and dali.train_input(config, plan.input, source,
+                                                batch, plan.staging_dir)
     ours, reference, dalis = zip(*[
-        (input_throughput(config, source, batch, batches, plan.cache)[1],
+        (input_throughput(plan.input, source, batch, batches,
+                          plan.cache)[1],
          _rate(iter(reference_input.dataset(
              files, config.image_size, batch)), batches, batch),
          dali.throughput(dali_input, batches, on_gpu) if with_dali else 0.0)

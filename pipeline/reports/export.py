@@ -67,5 +67,5 @@ def metadata(plan):
       'class_names': [source.class_name(i) for i in range(source.num_classes)],
       'input': 'uint8 RGB images [batch, image_size, image_size, 3]',
       'output': 'float32 class probabilities [batch, num_classes]',
-      'preprocessing': decode.eval_preprocessing(config),
+      'preprocessing': decode.eval_preprocessing(plan.input),
   }

@@ -20,6 +20,7 @@ from pipeline import backends
 from pipeline.data import augmentations
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
+from pipeline.data import input_spec
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.rules.config import classes
@@ -80,6 +81,14 @@ class Plan:
   @property
   def objective(self):  # What the step minimises, over the data's classes.
     return objective.Objective.of(self.config, self.source.num_classes)
+
+  @property
+  def input(self):  # How the input pipelines prepare examples.
+    return input_spec.InputSpec.of(self.config)
+
+  @property
+  def fine_tuning(self):  # Where the first weights come from.
+    return finetune.FineTuning.of(self.config)
 
   @property
   def per_replica_batch_size(self):
@@ -176,11 +185,7 @@ class Plan:
           if sources.of(config).names_classes and self.source.class_names
           else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
-        f'cache {self.cache} ({self.cache_reason}); augment '
-        f'{config.augment}{_mixing(config)}'
-        + (f'; training input from tf.data service {config.data_service} '
-           '(sharding OFF: each worker streams the whole set)'
-           if config.data_service else ''),
+        f'cache {self.cache} ({self.cache_reason}); {self.input.describe()}',
         self._recipe(),
     ]
 
@@ -230,18 +235,20 @@ def resolve(config, request, hardware=None):
                       (sources.SOURCES, augmentations.AUGMENTATIONS))
   workdir, resumed = _open_workdir(config, request, hardware, backend)
   source = sources.load_source(config)
-  initial_weights = finetune.describe(config.init_from)
+  tuning = finetune.FineTuning.of(config)
+  initial_weights = finetune.describe(tuning.init_from)
   if workdir and hardware.is_chief:
     if resumed:
       classes.check_resumed(workdir, source.class_names)
     else:
       initial_weights = finetune.check_source(
-          config, source.class_names, request.staging_dir)
+          tuning, source.class_names, request.staging_dir)
   input_pipeline, input_reason = dali.choose(
       config, hardware.device_kind,
       dali.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
   cache, cache_reason = (
-      cache_lib.choose(config, source) if input_pipeline == dali.TF_DATA else
+      cache_lib.choose(input_spec.InputSpec.of(config), source)
+      if input_pipeline == dali.TF_DATA else
       ('none', 'DALI decodes every epoch'))
   steps_per_epoch = step_counts.epoch_steps(config.examples_per_epoch,
                                 source.num_train_examples,
@@ -255,7 +262,7 @@ def resolve(config, request, hardware=None):
       source=source, steps_per_epoch=steps_per_epoch,
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
       cache=cache, cache_reason=cache_reason,
-      frozen_steps=finetune.frozen_steps(config, steps_per_epoch),
+      frozen_steps=finetune.frozen_steps(tuning, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
@@ -339,12 +346,3 @@ def _names(names, shown=20):
   """The class names as the plan prints them: 'cat, dog' (index order)."""
   more = f', ... ({len(names) - shown} more)' if len(names) > shown else ''
   return ', '.join(names[:shown]) + more
-
-
-def _mixing(config):
-  mixes = [f'{name} {config[f"{name}_alpha"]:g}'
-           for name in ('mixup', 'cutmix') if config[f'{name}_alpha']]
-  return (f'; {" or ".join(mixes)} per batch (training accuracy is against '
-          'the dominant label)' if mixes else '')
-
-

@@ -74,7 +74,7 @@ def _train_and_evaluate(plan, extra_actions):
   _write_plan_text(plan, train_writer, initial_step)
   progress = progress_lib.ReportProgress(
       trainer, plan, config.log_every_steps, train_writer,
-      mixed_labels=bool(config.mixup_alpha or config.cutmix_alpha))
+      mixed_labels=plan.input.mixes)
   evaluate = actions.Evaluate(
       trainer, eval_data, inputs.eval_steps(plan.source, batch),
       int(round(plan.steps_per_epoch * config.eval_every_epochs)),
@@ -154,14 +154,13 @@ def _restore_or_initialize(plan, trainer, checkpointer):
   """Restores the newest checkpoint; a run that starts at step 0 loads
   init_from's weights instead (a resumed run keeps its own weights).
   Returns the step the run starts at."""
-  config = plan.config
   checkpointer.restore_latest()
   initial_step = trainer.step
   if initial_step:
     logging.info('Resuming at step %d of %d', initial_step, plan.total_steps)
-  elif config.init_from:
+  elif plan.fine_tuning.init_from:
     logging.info('Initialized the %s', finetune.load_init_from(
-        config, trainer.model, plan.source.class_names,
+        plan.fine_tuning, trainer.model, plan.source.class_names,
         plan.workdir.staging_root))
     trainer.read_back()
     if trainer.ema:

@@ -1,0 +1,66 @@
+"""What the input pipelines take of a run's config, read once: the one part
+inputs.py, cache.py, decode.py and dali.py are given, so none of them
+reads the config, and the plan prints and records what they use.
+
+Imports no TensorFlow.
+"""
+
+import dataclasses
+
+from pipeline.data import augmentations
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+  """How examples become batches: their size, the training transform and
+  batch-level blends, the shuffle, the cache and a tf.data service."""
+  image_size: int
+  augmentation: augmentations.Augmentation
+  mixup_alpha: float = 0.0
+  cutmix_alpha: float = 0.0
+  shuffle_buffer: int = 10_000
+  # True repeats the order (and crops) of a seed, at some speed.
+  deterministic: bool = False
+  seed: int = 0  # Also seeds the blends, which repeat either way.
+  # config.cache: '' (none), 'memory', a local or gs:// file prefix.
+  cache: str = 'memory'
+  data_service: str = ''  # grpc://HOST:PORT of a dispatcher, or '' (here).
+
+  @classmethod
+  def of(cls, config):
+    return cls(config.image_size, augmentations.of(config),
+               config.mixup_alpha, config.cutmix_alpha,
+               config.shuffle_buffer, config.deterministic_input,
+               config.seed, config.cache, config.data_service)
+
+  @property
+  def shuffle_seed(self):
+    """The shuffle's and crops' seed: None (fresh each run) unless
+    deterministic."""
+    return self.seed if self.deterministic else None
+
+  @property
+  def mixes(self):
+    return bool(self.mixup_alpha or self.cutmix_alpha)
+
+  @property
+  def central_fraction(self):
+    """Of each side, what evaluation crops to, centred."""
+    return self.augmentation.central_fraction
+
+  @property
+  def cache_size(self):
+    """The shorter side of what a decoded cache holds for training."""
+    return int(round(self.image_size / self.central_fraction))
+
+  def describe(self):
+    """The plan's words for it: the transform, the blends, the service."""
+    mixes = [f'{name} {alpha:g}' for name, alpha in
+             (('mixup', self.mixup_alpha), ('cutmix', self.cutmix_alpha))
+             if alpha]
+    return (f'augment {self.augmentation.name}'
+            + (f'; {" or ".join(mixes)} per batch (training accuracy is '
+               'against the dominant label)' if mixes else '')
+            + (f'; training input from tf.data service {self.data_service} '
+               '(sharding OFF: each worker streams the whole set)'
+               if self.data_service else ''))
