@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from configs import default
 from pipeline.data import augment
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.recipe import finetune
@@ -264,17 +265,19 @@ def test_backbone_weights_from_a_file_arrive(tmp_path):
   models.backbone(trained).save_weights(path)
   keras.utils.set_random_seed(2)
   model = models.build_model('efficientnet_b0', 3, 64)
-  tuning = finetune.FineTuning('efficientnet_b0', 64, init_from=path)
-  assert finetune.load_init_from(tuning, model, (), str(tmp_path)) == (
+  config = default.get_config()
+  config.update(model='efficientnet_b0', image_size=64, init_from=path)
+  assert finetune.load_init_from(finetune.FineTuning.of(config), model, (),
+                                 str(tmp_path)) == (
       f'backbone from the weights file {path}')
   for mine, theirs in zip(models.backbone(model).weights,
                           models.backbone(trained).weights):
     np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
   assert models.backbone(model).weights  # Not vacuous.
-  missing = finetune.FineTuning('efficientnet_b0', 64,
-                                init_from=str(tmp_path / 'missing.h5'))
+  config.init_from = str(tmp_path / 'missing.h5')
   with pytest.raises(Exception, match='no such weights file'):
-    finetune.load_init_from(missing, model, (), str(tmp_path))
+    finetune.load_init_from(finetune.FineTuning.of(config), model, (),
+                            str(tmp_path))
 
 
 @pytest.mark.parametrize('warmup_steps, decay_steps', [(5, 20), (0, 10)])

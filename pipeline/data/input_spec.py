@@ -1,6 +1,7 @@
 """What the input pipelines take of a run's config, read once: the one part
-inputs.py, cache.py, decode.py and dali.py are given, so none of them
-reads the config, and the plan prints and records what they use.
+inputs.py, cache.py and decode.py are given (dali.py too, beside the files
+its config names), so they read no config, and the plan prints what they
+use. Its values are the config's (configs/default.py has the defaults).
 
 Imports no TensorFlow.
 """
@@ -16,15 +17,15 @@ class InputSpec:
   batch-level blends, the shuffle, the cache and a tf.data service."""
   image_size: int
   augmentation: augmentations.Augmentation
-  mixup_alpha: float = 0.0
-  cutmix_alpha: float = 0.0
-  shuffle_buffer: int = 10_000
+  mixup_alpha: float
+  cutmix_alpha: float
+  shuffle_buffer: int
   # True repeats the order (and crops) of a seed, at some speed.
-  deterministic: bool = False
-  seed: int = 0  # Also seeds the blends, which repeat either way.
+  deterministic: bool
+  seed: int  # Also seeds the blends, which repeat either way.
   # config.cache: '' (none), 'memory', a local or gs:// file prefix.
-  cache: str = 'memory'
-  data_service: str = ''  # grpc://HOST:PORT of a dispatcher, or '' (here).
+  cache: str
+  data_service: str  # grpc://HOST:PORT of a dispatcher, or '' (here).
 
   @classmethod
   def of(cls, config):

@@ -52,9 +52,9 @@ class FineTuning:
   (its name and input size) and where its first weights come from."""
   model: str
   image_size: int
-  init_from: str = ''  # '' (random), 'imagenet', a weights file, a workdir.
-  init_head: bool = True  # A run's head too, where it trained these classes.
-  freeze_backbone_epochs: float = 0.0
+  init_from: str  # '' (random), 'imagenet', a weights file, a workdir.
+  init_head: bool  # A run's head too, where it trained these classes.
+  freeze_backbone_epochs: float
 
   @classmethod
   def of(cls, config):
