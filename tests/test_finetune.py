@@ -1,8 +1,8 @@
 """Fine-tuning from another run, in this process, on tiny real runs.
 
-A source run (EfficientNetV2-B0 with mixup and a moving average) trains a
-few steps. A second run starts from its workdir with the backbone frozen for
-two epochs: the backbone it trains with is the source's moving average (not
+A source run (B0's code at a tenth of its size, with mixup and a moving
+average) trains a few steps. A second run starts from its workdir with the
+backbone frozen for two epochs: the backbone it trains with is the source's moving average (not
 its random start, nor the source's raw weights), and stays so while frozen.
 The run is stopped inside the frozen phase, the source is deleted, and the
 run resumes from its own checkpoint: it needs nothing of the source, stays
@@ -29,6 +29,12 @@ from pipeline.training import loop
 from pipeline.rules.config import request as request_lib
 
 
+# What is tested is the weights' path, not the network: B0's code at a tenth
+# of its size (fine-tuning's programs for each family are traced by
+# test_recipe_matrix.py).
+NETWORK = 'efficientnet_tiny'
+
+
 class _Stop(Exception):
   pass
 
@@ -38,7 +44,7 @@ def _config(tfds_dir, **fields):
   config.update(data_dir=tfds_dir, train_split='train[:128]',
                 eval_split='test[:64]', global_batch_size=32,
                 steps_per_execution=2, log_every_steps=2, eval_every_epochs=0,
-                checkpoint_every_steps=2, model='efficientnetv2_b0')
+                checkpoint_every_steps=2, model=NETWORK)
   config.update(fields)
   return config
 
@@ -52,7 +58,7 @@ def _plan(config, workdir):
 def _backbone(workdir, step, averaged=False):
   """The backbone's float weights in a run's checkpoint of `step` (its
   moving average if `averaged`), restored into a model of their own."""
-  model = models.build_model('efficientnetv2_b0', 10, 32)
+  model = models.build_model(NETWORK, 10, 32)
   trackables = {'model': model}
   if averaged:
     average = ema_lib.MovingAverage(model, 0.9)
@@ -69,8 +75,8 @@ def _same(arrays, others):
   return all(np.array_equal(a, b) for a, b in zip(arrays, others))
 
 
-# Three in-process runs (2 min in CI, 4 on a slower machine): the slow tier
-# keeps the fast suite in 15 min. Loading a backbone is covered fast in
+# Three in-process runs (about 80 s in CI): the slow tier keeps the fast
+# suite in 12 min. Loading a backbone is covered fast in
 # test_recipe.py; freezing, thawing and resuming only here.
 @pytest.mark.slow
 def test_fine_tuning_from_a_run_freezes_thaws_and_resumes(tmp_path, tfds_dir):

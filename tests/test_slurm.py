@@ -45,16 +45,17 @@ def slurm(tmp_path_factory):
     yield env
 
 
-def _train_args(workdir, tfds_dir, epochs):
-  """Eight steps an epoch of 32 images (16 a task), a checkpoint every
-  execution; float32, the CPU's own (auto would take bfloat16 with AMX);
-  B0's code at a tenth of its size (the hosts are tested, not the
-  network)."""
+def _train_args(workdir, tfds_dir, epochs=None):
+  """Eight steps an epoch of 32 images (16 a task), `epochs` of them (or
+  as the config says), a checkpoint every execution; float32, the CPU's
+  own (auto would take bfloat16 with AMX); B0's code at a tenth of its
+  size (the hosts are tested, not the network)."""
   per_execution = 2 if BACKEND == 'jax' else 4
   return (f'--backend={BACKEND}', '--policy=float32', f'--workdir={workdir}',
           '--config.model=efficientnet_tiny',
           f'--config.data_dir={tfds_dir}', '--config.train_split=train[:256]',
-          '--config.global_batch_size=32', f'--config.epochs={epochs}',
+          '--config.global_batch_size=32',
+          *([f'--config.epochs={epochs}'] if epochs else []),
           f'--config.steps_per_execution={per_execution}',
           f'--config.log_every_steps={per_execution}',
           f'--config.checkpoint_every_steps={per_execution}',
@@ -113,6 +114,92 @@ def _wait_for(path, pattern, running, timeout=600):
 def _job_state(env, job):
   return subprocess.run(['squeue', '-h', '-j', job, '-o', '%T'], env=env,
                         capture_output=True, text=True).stdout.strip()
+
+
+# The requeue first: its segments take minutes of wall time, and a
+# module's last tests are where pytest-xdist queues another module behind
+# them on the same process (while the other process may idle).
+# Per backend, the time limit in minutes: the signal comes a minute before
+# it, or up to a minute earlier (Slurm checks limits about once a minute),
+# so a segment trains for up to a minute (TensorFlow) or two less JAX's
+# start (about 40 s here).
+REQUEUE_MINUTES = {'tensorflow': 2, 'jax': 3}
+# The run's length, in a config file each segment reads as it starts: far
+# more than two segments could train on any machine, then, once the second
+# stop is committed, a few steps past it (as a user may shorten a run).
+_RUN_LENGTH = """from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.epochs = {epochs}
+  return config
+"""
+
+
+@pytest.mark.slow  # Three segments of up to two or three minutes each.
+def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
+    slurm, tfds_dir, tmp_path):
+  """The batch script with an `srun hostname` added before the training
+  step (the time limit's TERM must still find the training step), copied
+  out of the checkout and submitted from another folder (PIPELINE_DIR
+  names the checkout), with a time limit shorter than the run: each time
+  every task commits a checkpoint, the job requeues itself (same job id,
+  output appended) and resumes where it stopped; after the second stop the
+  run is shortened to end three epochs later and the limit becomes 15
+  minutes, and the run finishes."""
+  workdir = tmp_path / 'run'
+  log = tmp_path / 'job.out'
+  script = tmp_path / 'train.sbatch'
+  original = open(os.path.join(REPO, 'launch', 'train.sbatch')).read()
+  training = original.index('(srun --cpus-per-task')
+  script.write_text(original[:training] + 'srun hostname\n' +
+                    original[training:])
+  length = tmp_path / 'run_length.py'
+  length.write_text(_RUN_LENGTH.format(epochs=10_000))
+  job = subprocess.run(
+      ['sbatch', '--parsable', '--gpus-per-node=0',
+       f'--time={REQUEUE_MINUTES[BACKEND]}', '--signal=B:USR1@60',
+       f'--output={log}', str(script), f'--config={length}',
+       *_train_args(workdir, tfds_dir)],
+      cwd=tmp_path, env=dict(slurm, PIPELINE_DIR=REPO), capture_output=True,
+      text=True, check=True).stdout.strip()
+  running = lambda: bool(_job_state(slurm, job))
+  stop = r'preempted: SIGTERM: checkpoint of step (\d+) committed'
+  # Both tasks say they stopped: the fourth such line is the second stop's.
+  # The requeued job starts some seconds after it (Slurm's requeue).
+  _wait_until(lambda: len(re.findall(stop, log.read_text())) >= 4 or
+              not running(), 'a second stop', timeout=900)
+  second_stop = int(re.findall(stop, log.read_text())[-1])
+  epochs = second_stop // 8 + 3
+  staged = tmp_path / 'run_length.tmp'
+  staged.write_text(_RUN_LENGTH.format(epochs=epochs))
+  staged.replace(length)
+  subprocess.run(['scontrol', 'update', f'JobId={job}', 'TimeLimit=15'],
+                 env=slurm, check=True)
+  _wait_until(lambda: (workdir / 'metrics.json').exists() and not running(),
+              'end of the job', timeout=900)
+  output = log.read_text()
+  assert output.count(f'train.sbatch: the time limit is near; every task '
+                      f'commits a checkpoint, then job {job} requeues and '
+                      'resumes from it') == 2, output[-3000:]
+  stopped = [int(step) for step in re.findall(stop, output)]
+  resumed = [(int(step), int(total)) for step, total in re.findall(
+      r'Resuming at step (\d+) of (\d+)', output)]
+  print(f'{BACKEND}: stopped at {stopped}, resumed at {resumed}')
+  # Each task says it stopped; each segment resumes where the last stopped.
+  assert len(stopped) == 4 and stopped[0] == stopped[1] < stopped[2] == (
+      stopped[3]), output[-3000:]
+  assert resumed[::2] == [(stopped[0], 80_000), (stopped[2], 8 * epochs)], (
+      output[-3000:])
+  # The step before the training step ran in every segment, on each node.
+  assert output.count('slurmnode1\n') >= 3
+  assert 'Traceback' not in output and 'not requeued' not in output
+  assert re.search(r'Done: eval_accuracy [\d.]+, ', output), output[-3000:]
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['joined_by'] == f'Slurm (job {job})'
+  assert metrics['initial_step'] == stopped[2]
+  assert metrics['train_steps'] == 8 * epochs - stopped[2]
 
 
 @pytest.mark.slow  # Two to four minutes: CI's slow tier, on both backends.
@@ -324,70 +411,6 @@ def _stand_in_nvidia_smi(folder):
                   '(UUID: GPU-$i)"; done\n')
   path.chmod(0o755)
   return path.parent
-
-
-# Per backend: the time limit (minutes) and steps of the requeue test. The
-# signal comes a minute before the limit, or up to a minute earlier (Slurm
-# checks limits about once a minute): a TensorFlow segment trains 45 to 105
-# s (2-3 steps a second here), a JAX one, whose start takes a minute, a
-# minute less. Enough steps that two segments cannot finish the run.
-REQUEUE = {'tensorflow': (2, 100), 'jax': (3, 100)}
-
-
-@pytest.mark.slow  # Three segments of up to two or three minutes each.
-def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
-    slurm, tfds_dir, tmp_path):
-  """The batch script with an `srun hostname` added before the training
-  step (the time limit's TERM must still find the training step), copied
-  out of the checkout and submitted from another folder (PIPELINE_DIR
-  names the checkout), with a time limit shorter than the run: each time
-  every task commits a checkpoint, the job requeues itself (same job id,
-  output appended) and resumes where it stopped; after the second resume
-  the limit becomes 15 minutes, and the run finishes."""
-  minutes, epochs = REQUEUE[BACKEND]
-  workdir = tmp_path / 'run'
-  log = tmp_path / 'job.out'
-  script = tmp_path / 'train.sbatch'
-  original = open(os.path.join(REPO, 'launch', 'train.sbatch')).read()
-  training = original.index('(srun --cpus-per-task')
-  script.write_text(original[:training] + 'srun hostname\n' +
-                    original[training:])
-  job = subprocess.run(
-      ['sbatch', '--parsable', '--gpus-per-node=0', f'--time={minutes}',
-       '--signal=B:USR1@60', f'--output={log}', str(script),
-       *_train_args(workdir, tfds_dir, epochs)], cwd=tmp_path,
-      env=dict(slurm, PIPELINE_DIR=REPO), capture_output=True, text=True,
-      check=True).stdout.strip()
-  running = lambda: bool(_job_state(slurm, job))
-  # Both tasks say where they resume: the third such line is the second
-  # resume's.
-  _wait_until(lambda: log.read_text().count('Resuming at step') >= 3 or
-              not running(), 'a second resume', timeout=900)
-  subprocess.run(['scontrol', 'update', f'JobId={job}', 'TimeLimit=15'],
-                 env=slurm, check=True)
-  _wait_until(lambda: (workdir / 'metrics.json').exists() and not running(),
-              'end of the job', timeout=900)
-  output = log.read_text()
-  assert output.count(f'train.sbatch: the time limit is near; every task '
-                      f'commits a checkpoint, then job {job} requeues and '
-                      'resumes from it') == 2, output[-3000:]
-  stopped = [int(step) for step in re.findall(
-      r'preempted: SIGTERM: checkpoint of step (\d+) committed', output)]
-  resumed = [int(step) for step in re.findall(
-      rf'Resuming at step (\d+) of {8 * epochs}', output)]
-  print(f'{BACKEND}: stopped at {stopped}, resumed at {resumed} of '
-        f'{8 * epochs}')
-  # Each task says it stopped; each segment resumes where the last stopped.
-  assert len(stopped) == 4 and stopped[0] == stopped[1] < stopped[2] == (
-      stopped[3]), output[-3000:]
-  assert resumed[::2] == [stopped[0], stopped[2]], output[-3000:]
-  # The step before the training step ran in every segment, on each node.
-  assert output.count('slurmnode1\n') >= 3
-  assert 'Traceback' not in output and 'not requeued' not in output
-  assert re.search(r'Done: eval_accuracy [\d.]+, ', output), output[-3000:]
-  metrics = json.loads((workdir / 'metrics.json').read_text())
-  assert metrics['joined_by'] == f'Slurm (job {job})'
-  assert metrics['initial_step'] == stopped[2]
 
 
 @pytest.mark.parametrize('said, tasks, requeued', [
