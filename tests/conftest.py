@@ -133,16 +133,19 @@ def xla_on_cpu():
     raise
 
 
-# The modules that take longest (CI's junit times, both slow tiers and the
-# fast suite), longest first: handed out first, so that on 2 processes no
-# long module starts last while the other idles (by the junit times, about
-# 3 of the TF slow tier's 23 minutes). A module's tests stay together.
+# The modules that take longest (CI's junit times, the fast suite's and
+# both slow tiers'), longest first: handed out first, so that on 2
+# processes no long module starts last while the other idles. A module's
+# tests stay together. pytest.ini's --no-loadscope-reorder keeps this
+# order: pytest-xdist otherwise re-sorts modules by their number of tests.
 LONGEST_FIRST = ('test_slurm', 'test_across_backends', 'test_jax_backend',
-                 'test_recipe_matrix', 'test_finetune', 'test_image_folder',
-                 'test_scale_out', 'test_gcs_run', 'test_dali',
-                 'test_mpirun', 'test_stopping', 'test_train_e2e',
-                 'test_csv_source', 'test_tfrecord_run',
-                 'test_benchmark_sweep')
+                 'test_scale_out', 'test_gcs_run', 'test_recipe_matrix',
+                 'test_dali', 'test_finetune', 'test_models',
+                 'test_tfrecord_run', 'test_mpirun', 'test_train_e2e',
+                 'test_image_folder', 'test_csv_source', 'test_stopping',
+                 'test_data', 'test_benchmark_sweep', 'test_pod_slice',
+                 'test_compare', 'test_user_errors', 'test_notebook',
+                 'test_train_in_process', 'test_precision', 'test_console')
 
 
 def pytest_collection_modifyitems(items):
@@ -154,11 +157,11 @@ def pytest_collection_modifyitems(items):
 def pytest_runtest_setup(item):
   """Skips what would start after CI's time budget (PIPELINE_TEST_DEADLINE).
 
-  .ci/run sets it, as a Unix time, for the slow tier only: a guard that
-  keeps the whole run inside CI's limit should the tier ever outgrow it. A
-  test that starts before it runs to the end and counts; one that would
-  start after it is reported as skipped, never as passed, and the run's
-  last line counts it.
+  .ci/run sets it, as a Unix time, for its last tiers (JAX's, fast and
+  slow, then TensorFlow's slow tier): a guard that keeps the whole run
+  inside CI's limit should the tiers ever outgrow it. A test that starts
+  before it runs to the end and counts; one that would start after it is
+  reported as skipped, never as passed, and the run's last line counts it.
   """
   del item
   deadline = os.environ.get('PIPELINE_TEST_DEADLINE')

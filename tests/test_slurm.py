@@ -119,11 +119,30 @@ def _job_state(env, job):
 # The requeue first: its segments take minutes of wall time, and a
 # module's last tests are where pytest-xdist queues another module behind
 # them on the same process (while the other process may idle).
-# Per backend, the time limit in minutes: the signal comes a minute before
-# it, or up to a minute earlier (Slurm checks limits about once a minute),
-# so a segment trains for up to a minute (TensorFlow) or two less JAX's
-# start (about 40 s here).
-REQUEUE_MINUTES = {'tensorflow': 2, 'jax': 3}
+#
+# Each segment's time limit is brought near once it trains: the limit is
+# then 2 to 3 minutes away, the signal 4 minutes before it, so Slurm's next
+# check of limits (every 30 s) signals the job with over a minute left to
+# commit and requeue; the limit is set far again for the next segment. A fixed limit would have to leave room for the
+# slowest start (JAX compiles for 40 s here), and every segment would train
+# that long for nothing.
+LIMIT_MINUTES, SIGNAL_S = 10, 240
+
+
+def _signal_soon(env, job):
+  """Sets the job's time limit 120 to 180 s past its run time so far."""
+  run_time = subprocess.run(['squeue', '-h', '-j', job, '-o', '%M'], env=env,
+                            capture_output=True, text=True,
+                            check=True).stdout.strip()
+  days, _, clock = run_time.rpartition('-')
+  seconds = 0
+  for part in clock.split(':'):
+    seconds = seconds * 60 + int(part)
+  seconds += int(days or 0) * 86400
+  subprocess.run(['scontrol', 'update', f'JobId={job}',
+                  f'TimeLimit={seconds // 60 + 3}'], env=env, check=True)
+
+
 _ENDLESS = 10_000  # Epochs: more than two segments train on any machine.
 # The run's length, in a config file each segment reads as it starts: far
 # more than two segments could train on any machine, then, once the second
@@ -138,17 +157,17 @@ def get_config():
 """
 
 
-@pytest.mark.slow  # Three segments of up to two or three minutes each.
+@pytest.mark.slow  # Three segments of a minute or two each.
 def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
     slurm, tfds_dir, tmp_path):
   """The batch script with an `srun hostname` added before the training
   step (the time limit's TERM must still find the training step), copied
   out of the checkout and submitted from another folder (PIPELINE_DIR
-  names the checkout), with a time limit shorter than the run: each time
-  every task commits a checkpoint, the job requeues itself (same job id,
-  output appended) and resumes where it stopped; after the second stop the
-  run is shortened to end three epochs later and the limit becomes 15
-  minutes, and the run finishes."""
+  names the checkout), its time limit brought near once each segment
+  trains: each time every task commits a checkpoint, the job requeues
+  itself (same job id, output appended) and resumes where it stopped;
+  after the second stop the run is shortened to end three epochs later,
+  and it finishes."""
   workdir = tmp_path / 'run'
   log = tmp_path / 'job.out'
   script = tmp_path / 'train.sbatch'
@@ -160,24 +179,34 @@ def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
   length.write_text(_RUN_LENGTH.format(epochs=_ENDLESS))
   job = subprocess.run(
       ['sbatch', '--parsable', '--gpus-per-node=0',
-       f'--time={REQUEUE_MINUTES[BACKEND]}', '--signal=B:USR1@60',
+       f'--time={LIMIT_MINUTES}', f'--signal=B:USR1@{SIGNAL_S}',
        f'--output={log}', str(script), f'--config={length}',
        *_train_args(workdir, tfds_dir)],
       cwd=tmp_path, env=dict(slurm, PIPELINE_DIR=REPO), capture_output=True,
       text=True, check=True).stdout.strip()
   running = lambda: bool(_job_state(slurm, job))
   stop = r'preempted: SIGTERM: checkpoint of step (\d+) committed'
-  # Both tasks say they stopped: the fourth such line is the second stop's.
-  # The requeued job starts some seconds after it (Slurm's requeue).
-  _wait_until(lambda: len(re.findall(stop, log.read_text())) >= 4 or
-              not running(), 'a second stop', timeout=900)
+  for segment in (1, 2):
+    # It trains: a step's line since it started (the second says where it
+    # resumes first).
+    since_start = lambda: (log.read_text().partition('Resuming at step')[2]
+                           if segment > 1 else log.read_text())
+    _wait_until(lambda: re.search(r'step \d+/\d+ \(epoch', since_start())
+                or not running(), f'training in segment {segment}',
+                timeout=600)
+    _signal_soon(slurm, job)
+    # Both tasks say they stopped: two lines a stop.
+    _wait_until(lambda: len(re.findall(stop, log.read_text())) >= 2 * segment
+                or not running(), f'stop {segment}', timeout=300)
+    # The limit far again before the requeued job starts (some seconds
+    # after the stop: Slurm's requeue).
+    subprocess.run(['scontrol', 'update', f'JobId={job}',
+                    f'TimeLimit={LIMIT_MINUTES}'], env=slurm, check=True)
   second_stop = int(re.findall(stop, log.read_text())[-1])
   epochs = second_stop // 8 + 3
   staged = tmp_path / 'run_length.tmp'
   staged.write_text(_RUN_LENGTH.format(epochs=epochs))
   staged.replace(length)
-  subprocess.run(['scontrol', 'update', f'JobId={job}', 'TimeLimit=15'],
-                 env=slurm, check=True)
   _wait_until(lambda: (workdir / 'metrics.json').exists() and not running(),
               'end of the job', timeout=900)
   output = log.read_text()
