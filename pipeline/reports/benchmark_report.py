@@ -104,7 +104,7 @@ def _cost_lines(r):
                  'bandwidth')
   else:
     lines.append(f'of the peak: no figure for {r["detail"]} '
-                 '(pipeline/reports/peaks.py)')
+                 '(pipeline/rules/machine/peaks.py)')
   return lines
 
 
