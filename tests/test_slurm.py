@@ -123,9 +123,9 @@ def _job_state(env, job):
 # Each segment's time limit is brought near once it trains: the limit is
 # then 2 to 3 minutes away, the signal 4 minutes before it, so Slurm's next
 # check of limits (every 30 s) signals the job with over a minute left to
-# commit and requeue; the limit is set far again for the next segment. A fixed limit would have to leave room for the
-# slowest start (JAX compiles for 40 s here), and every segment would train
-# that long for nothing.
+# commit and requeue; the limit is set far again for the next segment. A
+# fixed limit would have to leave room for the slowest start (JAX compiles
+# for 40 s here), and every segment would train that long for nothing.
 LIMIT_MINUTES, SIGNAL_S = 10, 240
 
 
