@@ -235,15 +235,29 @@ def stopped_at_one_step(processes, outputs):
 
 def console_filter_of(process):
   """The process id of a launcher's console filter (its child process that
-  filters native stderr lines), once it has started."""
-  def children():
+  filters native stderr lines), once it has started. Told apart by its
+  command line: the launcher has other, short-lived children (nvidia-smi's
+  try), and one caught by chance would pass for a filter that has ended."""
+  from pipeline.run import environment  # pylint: disable=g-import-not-at-top
+  marker = environment._LOG_MARKER.encode()  # pylint: disable=protected-access
+
+  def filters():
     with open(f'/proc/{process.pid}/task/{process.pid}/children') as f:
-      return [int(p) for p in f.read().split()]
+      children = [int(p) for p in f.read().split()]
+    found = []
+    for child in children:
+      try:
+        with open(f'/proc/{child}/cmdline', 'rb') as f:
+          if marker in f.read():
+            found.append(child)
+      except FileNotFoundError:
+        pass  # Ended meanwhile: not the filter, which outlives its run.
+    return found
   deadline = time.time() + 60
-  while not children():
+  while not filters():
     assert time.time() < deadline and process.poll() is None
     time.sleep(0.05)
-  return children()[0]
+  return filters()[0]
 
 
 def wait_until_gone(pid, bound_s):
