@@ -105,7 +105,7 @@ KNOWS_ITS_NAME = ('pipeline.parts', 'pipeline.data.augmentations',
                   'pipeline.recipe.layers', 'pipeline.recipe.optimizers',
                   'pipeline.recipe.schedules')
 KNOWS_ITS_NAME_IN = ('pipeline.data.sources', 'pipeline.recipe.models')
-_SELECTORS = r'(dataset|augment|model|optimizer|lr_schedule|batch_norm|squeeze_excite)'
+_SELECTORS = r'(dataset|augment|model|optimizer|lr_schedule|batch_norm|squeeze_excite|depthwise)'
 
 
 def _named_parts():

@@ -148,22 +148,23 @@ def test_the_probe_takes_a_model_family_by_name(tmp_path):
 
 def test_variants_are_timed_against_the_baseline(tmp_path):
   """Two variants at a tiny size: batch norm and squeeze-excite as Keras
-  has them (in this process, profiled, against the baseline timed again
-  just before), and an XLA flag in a process of its own (the flag reaches
-  it: XLA dumps its programs where it says)."""
+  has them and depthwise convolutions as taps (in this process, profiled,
+  against the baseline timed again just before), and an XLA flag in a
+  process of its own (the flag reaches it: XLA dumps its programs where it
+  says)."""
   dump = tmp_path / 'xla_dump'
   result = run_module(
       'launch.probe', '--image_size=32', '--batch_size=16', '--budget_s=400',
       '--steps_per_execution=2', '--executions=2', '--stages=ag',
       '--config.model=efficientnet_tiny', f'--out={tmp_path}',
-      '--variant=batch_norm=keras squeeze_excite=conv',
+      '--variant=batch_norm=keras squeeze_excite=conv depthwise=shifted',
       f'--variant=--xla_dump_to={dump}', timeout=500)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
   figures = json.loads((tmp_path / 'probe.json').read_text())
   variants = figures['variants']
-  assert list(variants) == [f'--xla_dump_to={dump}',
-                            'batch_norm=keras squeeze_excite=conv']
-  keras_forms = variants['batch_norm=keras squeeze_excite=conv']
+  forms = 'batch_norm=keras squeeze_excite=conv depthwise=shifted'
+  assert list(variants) == [f'--xla_dump_to={dump}', forms]
+  keras_forms = variants[forms]
   assert keras_forms['images_per_sec'] > 0
   # Its ratio to the baseline timed just before it (figures rounded to 0.1
   # image/s, the ratio to 0.001, from the unrounded ones).
@@ -175,6 +176,11 @@ def test_variants_are_timed_against_the_baseline(tmp_path):
   theirs = keras_forms['profile']['by_class']
   assert theirs['squeeze-excite']['kernels_per_step'] != ours[
       'squeeze-excite']['kernels_per_step']
+  # Depthwise convolutions as taps: no convolution, still their layers'.
+  assert keras_forms['profile']['unattributed_ms_per_step'] == 0
+  for direction in ('forward', 'filter gradient'):
+    kind = f'depthwise convolution: {direction}'
+    assert theirs[kind]['kernels_per_step'] != ours[kind]['kernels_per_step']
   flagged = variants[f'--xla_dump_to={dump}']
   assert flagged['xla_flags'] == f'--xla_dump_to={dump}'
   assert flagged['baseline'] == 'stage (a) of the probe that started it'

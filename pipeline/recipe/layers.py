@@ -1,4 +1,4 @@
-"""Two layers written so a compiled step reads each activation fewer times,
+"""Three layers written so a compiled step reads each activation fewer times,
 with Keras' variables, so every checkpoint, export and published weight
 file reads into them unchanged; and the swap that puts them into a built
 network.
@@ -18,6 +18,15 @@ Conv1x1AsMatmul: squeeze-and-excite's 1x1 convolutions run on a 1x1 map,
 so each is a matrix product over [batch, channels]. As convolutions they
 are launched as cuDNN calls (forward, data and filter gradient) on
 channels as few as 4; as products XLA fuses them with their neighbours.
+
+ShiftedDepthwiseConv2D: a depthwise convolution as the sum of its kernel's
+taps, each a (strided) slice of the padded input times one weight per
+channel. The convolution is memory-bound (a few multiply-adds per value
+read), yet cuDNN's grouped kernels took 4.4 ms of an H200's 28.5 ms B0 step
+for the forward pass alone (the probe's profile). As slices and products,
+XLA can fuse it, and its data gradient (a sum of padded products), into
+one elementwise pass each. Only XLA can; whether it pays is for a GPU to
+say (the probe's variant `depthwise=shifted`), so 'conv' stays the default.
 
 Everything is keras.ops, so both backends run the same code.
 """
@@ -99,12 +108,51 @@ class Conv1x1AsMatmul(keras.layers.Conv2D):
     return self.activation(outputs) if self.activation else outputs
 
 
+class ShiftedDepthwiseConv2D(keras.layers.DepthwiseConv2D):
+  """keras.layers.DepthwiseConv2D computed tap by tap (channels last, one
+  filter a channel, no dilation; Keras' own code otherwise). Same
+  variables; float32 sums of the compute dtype's products, as cuDNN's."""
+
+  def call(self, inputs):
+    if not (self.depth_multiplier == 1 and
+            self.data_format == 'channels_last' and
+            tuple(self.dilation_rate) == (1, 1)):
+      return super().call(inputs)
+    (rows, columns), (row_step, column_step) = self.kernel_size, self.strides
+    x = inputs
+    if self.padding == 'same':
+      x = ops.pad(x, ((0, 0), _same(x.shape[1], rows, row_step),
+                      _same(x.shape[2], columns, column_step), (0, 0)))
+    out_rows = (x.shape[1] - rows) // row_step + 1
+    out_columns = (x.shape[2] - columns) // column_step + 1
+    x = ops.cast(x, 'float32')  # Fused: XLA reads 16 bits, sums in 32.
+    kernel = ops.cast(self.kernel, 'float32')
+    total = 0.0
+    for i in range(rows):
+      for j in range(columns):
+        total += x[:, i:i + row_step * (out_rows - 1) + 1:row_step,
+                   j:j + column_step * (out_columns - 1) + 1:column_step,
+                   :] * kernel[i, j, :, 0]
+    outputs = ops.cast(total, self.compute_dtype)
+    if self.use_bias:
+      outputs = ops.add(outputs, self.bias)
+    return self.activation(outputs) if self.activation else outputs
+
+
+def _same(size, kernel, stride):
+  """'same' padding of one axis as TensorFlow and cuDNN split it: the odd
+  row or column after."""
+  total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+  return total // 2, total - total // 2
+
+
 # Keras' weights files (.weights.h5, the JAX route's checkpoints) file a
 # layer's variables under its class's name, counted in order
 # (batch_normalization_3/vars): under Keras' names, a checkpoint written by
 # either form reads into the other.
 for _layer, _keras_name in ((OnePassBatchNormalization, 'BatchNormalization'),
-                            (Conv1x1AsMatmul, 'Conv2D')):
+                            (Conv1x1AsMatmul, 'Conv2D'),
+                            (ShiftedDepthwiseConv2D, 'DepthwiseConv2D')):
   _layer.__name__ = _layer.__qualname__ = _keras_name
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -115,7 +163,8 @@ class Form(parts.Part):
   layer: type
 
 
-# config.batch_norm and config.squeeze_excite: each form's layer class.
+# config.batch_norm, config.squeeze_excite and config.depthwise: each form's
+# layer class.
 BATCH_NORMS = parts.Table('batch norm', 'batch_norm')
 BATCH_NORMS.register(Form(
     'one_pass', 'statistics in one pass of shifted sums, a written-out '
@@ -129,6 +178,13 @@ SQUEEZE_EXCITES.register(Form(
     'products', Conv1x1AsMatmul))
 SQUEEZE_EXCITES.register(Form('conv', 'as convolutions (keras.applications)',
                               keras.layers.Conv2D))
+DEPTHWISES = parts.Table('depthwise convolution form', 'depthwise')
+DEPTHWISES.register(Form(
+    'conv', "Keras' own (cuDNN's grouped convolution on a GPU)",
+    keras.layers.DepthwiseConv2D))
+DEPTHWISES.register(Form(
+    'shifted', 'a sum of shifted slices times per-channel weights, one '
+    'elementwise pass under XLA', ShiftedDepthwiseConv2D))
 
 
 def _on_a_pixel(layer):
@@ -140,22 +196,28 @@ def _on_a_pixel(layer):
           tuple(layer.input.shape[1:3]) == (1, 1))
 
 
-def swap(network, batch_norm='one_pass', squeeze_excite='matmul'):
-  """`network` (a functional Keras model) with its batch norms and 1x1
-  convolutions on a 1x1 map replaced by the named forms, its weights and
-  layer names kept; `network` itself where nothing changes."""
+def swap(network, batch_norm='one_pass', squeeze_excite='matmul',
+         depthwise='conv'):
+  """`network` (a functional Keras model) with its batch norms, 1x1
+  convolutions on a 1x1 map and depthwise convolutions replaced by the
+  named forms, its weights and layer names kept; `network` itself where
+  nothing changes."""
   norm = BATCH_NORMS[batch_norm].layer
   conv = SQUEEZE_EXCITES[squeeze_excite].layer
+  depthwise_conv = DEPTHWISES[depthwise].layer
 
   def replace(layer):
     if type(layer) is keras.layers.BatchNormalization:  # pylint: disable=unidiomatic-typecheck
       return norm.from_config(layer.get_config())
     if _on_a_pixel(layer):
       return conv.from_config(layer.get_config())
+    if type(layer) is keras.layers.DepthwiseConv2D:  # pylint: disable=unidiomatic-typecheck
+      return depthwise_conv.from_config(layer.get_config())
     return layer.__class__.from_config(layer.get_config())
 
   if (norm is keras.layers.BatchNormalization and
-      conv is keras.layers.Conv2D):
+      conv is keras.layers.Conv2D and
+      depthwise_conv is keras.layers.DepthwiseConv2D):
     return network
   clone = keras.models.clone_model(network, clone_function=replace)
   clone.set_weights(network.get_weights())

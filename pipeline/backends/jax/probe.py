@@ -95,7 +95,8 @@ class Setup:
     self.model = models.build_model(
         config.model, num_classes, config.image_size, config.dropout_rate,
         config.batch_norm_momentum, config.drop_connect_rate,
-        batch_norm=config.batch_norm, squeeze_excite=config.squeeze_excite)
+        batch_norm=config.batch_norm, squeeze_excite=config.squeeze_excite,
+        depthwise=config.depthwise)
     self.optimizer = probe_stages.make_optimizer(config, policy)
     self.optimizer.build(self.model.trainable_variables)
     self.ema = (ema_lib.MovingAverage(self.model, config.ema_decay)
@@ -152,8 +153,8 @@ class Probe:
     self.results = {'machine': machine(self.device),
                     'config': {key: config[key] for key in (
                         'model', 'image_size', 'global_batch_size',
-                        'batch_norm', 'squeeze_excite', 'ema_decay',
-                        'optimizer')},
+                        'batch_norm', 'squeeze_excite', 'depthwise',
+                        'ema_decay', 'optimizer')},
                     'stages': {}}
     self.compile_s = None  # (a)'s, what later stages are predicted by.
     self.device_images_per_sec = None  # (a)'s.

@@ -192,6 +192,10 @@ def _class_of(found, name, kinds, batch_per_device):
   if kind and kind.endswith('convolution') and convolution:
     return f'{kind}: ' + _direction(instruction, op_name,
                                     batch_per_device * input_size)
+  if kind == 'depthwise convolution':  # As taps (layers.py): no convolution.
+    return f'{kind}: ' + (
+        'forward' if 'transpose(' not in op_name else 'filter gradient'
+        if _computes(found, instruction, ('reduce',)) else 'data gradient')
   if kind == 'batch norm':
     return ('batch-norm statistics'
             if _computes(found, instruction, ('reduce', 'reduce-window'))

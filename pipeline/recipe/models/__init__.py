@@ -28,7 +28,8 @@ MODELS.register(resnet.ResNet())
 
 def build_model(name, num_classes, image_size, dropout_rate=0.2,
                 batch_norm_momentum=0.99, drop_connect_rate=0.2,
-                weights=None, batch_norm='keras', squeeze_excite='conv'):
+                weights=None, batch_norm='keras', squeeze_excite='conv',
+                depthwise='conv'):
   """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits.
 
   keras.applications fixes batch-norm momentum (0.99 in most), tuned for
@@ -37,8 +38,8 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
 
   `weights`: None (random), 'imagenet' (Keras downloads its published
   headless weights) or a local weights file of the same headless network.
-  `batch_norm`, `squeeze_excite`: the forms of those layers (layers.py;
-  'keras' and 'conv' are keras.applications' own).
+  `batch_norm`, `squeeze_excite`, `depthwise`: the forms of those layers
+  (layers.py; 'keras' and 'conv' are keras.applications' own).
   """
   family = MODELS[name]
   images = keras.Input((image_size, image_size, 3), dtype='uint8', name='image')
@@ -48,7 +49,7 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
   if preprocessing is not None:
     x = preprocessing(x)
   network = family.headless(name, weights, (image_size, image_size, 3))
-  network = layers.swap(network, batch_norm, squeeze_excite)
+  network = layers.swap(network, batch_norm, squeeze_excite, depthwise)
   family.set_stochastic_depth(network, drop_connect_rate)
   for layer in network.layers:
     if isinstance(layer, keras.layers.BatchNormalization):
@@ -65,7 +66,8 @@ def model_of_run(plan):
   return build_model(config.model, plan.source.num_classes, config.image_size,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate, batch_norm=config.batch_norm,
-                     squeeze_excite=config.squeeze_excite)
+                     squeeze_excite=config.squeeze_excite,
+                     depthwise=config.depthwise)
 
 
 def backbone(model):
