@@ -274,3 +274,19 @@ def test_unknown_stages_are_one_line(tmp_path):
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       "error: --stages='az': letters of 'abcdefg', e.g. abf")
+
+
+def test_the_profile_names_what_it_could_not_attribute():
+  """A kernel whose instruction the compiled program lacks is counted as
+  unattributed and named with its time, so a trace that disagrees with
+  the program says where."""
+  from pipeline.backends.jax import step_profile  # pylint: disable=g-import-not-at-top
+  events = [('fusion.1', 0, 3_000_000), ('fusion.2', 3_000_000, 1_000_000),
+            ('command_buffer.7', 4_000_000, 2_000_000)]
+  figures = step_profile.summarize(
+      events, True, {'fusion.1': 'elementwise fusions',
+                     'fusion.2': 'elementwise fusions'}, steps=2)
+  assert figures['unattributed_ms_per_step'] == 1.0
+  assert figures['unattributed_ops'] == {'command_buffer.7': 1.0}
+  assert figures['by_class']['elementwise fusions']['ms_per_step'] == 2.0
+  assert figures['kernel_ms_per_step'] == 3.0

@@ -285,11 +285,12 @@ def _busy_ns(events):
 def summarize(events, on_device, classes, steps):
   """Per-step time by class, kernel counts and idle time from the trace."""
   per_class = collections.defaultdict(lambda: [0.0, 0])
-  unknown = 0.0
+  unknown, unknown_ops = 0.0, collections.Counter()
   for hlo_op, _, duration in events:
     cls = classes.get(hlo_op)
     if cls is None:
       unknown += duration
+      unknown_ops[hlo_op] += duration
       continue
     per_class[cls][0] += duration
     per_class[cls][1] += 1
@@ -306,6 +307,9 @@ def summarize(events, on_device, classes, steps):
       'busy_ms_per_step': ms(busy),
       'idle_ms_per_step': ms(span - busy),
       'unattributed_ms_per_step': ms(unknown),
+      # The names the trace gave them, to find why the program lacks them.
+      'unattributed_ops': {op: ms(ns)
+                           for op, ns in unknown_ops.most_common(8)},
       'by_class': {
           cls: {'ms_per_step': ms(ns), 'share': round(ns / total, 4),
                 'kernels_per_step': round(count / steps, 1)}
