@@ -321,14 +321,15 @@ class Emulator:
   """A real GCS server (gcp-storage-emulator) on a free loopback port.
 
   Stores on disk under its own directory, so stop() and start() keep the
-  objects, as a network outage would.
+  objects, as a network outage would. The port is below the kernel's range
+  of ephemeral ports: a client retrying while the server is down could
+  otherwise be given that very port for its own end (on loopback a connect
+  to an unused port can even connect to itself) and hold it, so the
+  restarted server could not bind it.
   """
 
   def __init__(self, root):
-    import socket  # pylint: disable=g-import-not-at-top
-    with socket.socket() as s:
-      s.bind(('127.0.0.1', 0))
-      self.port = s.getsockname()[1]
+    self.port = _free_port_below_the_ephemeral_range()
     self.root = root
     self.host = f'http://127.0.0.1:{self.port}'
     self.process = None
@@ -338,17 +339,22 @@ class Emulator:
     import time  # pylint: disable=g-import-not-at-top
     binary = os.path.join(os.path.dirname(sys.executable),
                           'gcp-storage-emulator')
-    self.process = subprocess.Popen(
-        [binary, 'start', '--host=127.0.0.1', f'--port={self.port}', '-q'],
-        cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline:
+    log = os.path.join(self.root, 'emulator.log')
+    with open(log, 'ab') as output:
+      self.process = subprocess.Popen(
+          [binary, 'start', '--host=127.0.0.1', f'--port={self.port}', '-q'],
+          cwd=self.root, stdout=output, stderr=output)
+    deadline = time.time() + 60
+    while time.time() < deadline and self.process.poll() is None:
       try:
         socket.create_connection(('127.0.0.1', self.port), timeout=1).close()
         return
       except OSError:
         time.sleep(0.1)
-    raise RuntimeError('gcp-storage-emulator did not start')
+    with open(log, encoding='utf-8', errors='replace') as f:
+      tail = f.read()[-2000:]
+    raise RuntimeError(f'gcp-storage-emulator did not start on port '
+                       f'{self.port} (exit {self.process.poll()}): {tail}')
 
   def stop(self):
     if self.process:
@@ -363,6 +369,26 @@ class Emulator:
   def names(self, bucket, prefix=''):
     return sorted(b.name for b in self.client().list_blobs(bucket,
                                                            prefix=prefix))
+
+
+def _free_port_below_the_ephemeral_range():
+  """A loopback port nobody listens on, below the range the kernel hands
+  out to connecting sockets (ip_local_port_range)."""
+  import random  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  try:
+    with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+      lowest = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    lowest = 32768  # Linux's default.
+  for port in random.Random(os.getpid()).sample(range(10000, lowest), 200):
+    with socket.socket() as s:
+      try:
+        s.bind(('127.0.0.1', port))
+        return port
+      except OSError:
+        continue
+  raise RuntimeError(f'no free loopback port in 10000-{lowest}')
 
 
 @pytest.fixture(scope='module')
