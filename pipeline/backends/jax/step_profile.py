@@ -26,6 +26,8 @@ import jax
 import keras
 import numpy as np
 
+from pipeline.recipe import layers
+
 _INSTRUCTION = re.compile(
     r'^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>\(.*?\)|\S+) '
     r'(?P<op>[\w\-]+)\((?P<operands>[^)]*)\)(?P<attributes>.*)$')
@@ -131,6 +133,8 @@ def layer_kinds(model):
       inputs = 0
     if '_se_' in f'_{name}':  # keras.applications' squeeze-and-excite.
       kinds[name] = ('squeeze-excite', inputs)
+    elif isinstance(layer, layers.ShiftedDepthwiseConv2D):
+      kinds[name] = ('depthwise taps', inputs)
     elif isinstance(layer, keras.layers.DepthwiseConv2D):
       kinds[name] = ('depthwise convolution', inputs)
     elif isinstance(layer, keras.layers.Conv2D):
@@ -192,8 +196,8 @@ def _class_of(found, name, kinds, batch_per_device):
   if kind and kind.endswith('convolution') and convolution:
     return f'{kind}: ' + _direction(instruction, op_name,
                                     batch_per_device * input_size)
-  if kind == 'depthwise convolution':  # As taps (layers.py): no convolution.
-    return f'{kind}: ' + (
+  if kind == 'depthwise taps':  # Slices and products: no convolution.
+    return 'depthwise convolution: ' + (
         'forward' if 'transpose(' not in op_name else 'filter gradient'
         if _computes(found, instruction, ('reduce',)) else 'data gradient')
   if kind == 'batch norm':
