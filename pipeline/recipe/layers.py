@@ -111,7 +111,7 @@ class Conv1x1AsMatmul(keras.layers.Conv2D):
 class ShiftedDepthwiseConv2D(keras.layers.DepthwiseConv2D):
   """keras.layers.DepthwiseConv2D computed tap by tap (channels last, one
   filter a channel, no dilation; Keras' own code otherwise). Same
-  variables; float32 sums of the compute dtype's products, as cuDNN's."""
+  variables; products and sums in float32, as cuDNN accumulates."""
 
   def call(self, inputs):
     if not (self.depth_multiplier == 1 and
