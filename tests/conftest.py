@@ -5,6 +5,7 @@ test in this process can build a real MirroredStrategy over 2 replicas.
 """
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -51,12 +52,29 @@ def run_train(*args, env=None, timeout=600):
   return run_module('launch.train', *args, env=env, timeout=timeout)
 
 
+_PORTS = random.Random()  # Seeded by the OS: each test process its own.
+
+
 def free_port():
-  """A TCP port nothing listens on now."""
+  """A TCP port nothing listens on now, below the range the kernel hands
+  out to connecting sockets (ip_local_port_range): a client retrying while
+  a server is down could otherwise be given that very port for its own end
+  (on loopback a connect to an unused port can even connect to itself) and
+  hold it, so the server, restarted, could not bind it."""
   import socket  # pylint: disable=g-import-not-at-top
-  with socket.socket() as s:
-    s.bind(('', 0))
-    return s.getsockname()[1]
+  try:
+    with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+      lowest = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    lowest = 32768  # Linux's default.
+  for port in _PORTS.sample(range(10000, lowest), 200):
+    with socket.socket() as s:
+      try:
+        s.bind(('', port))
+        return port
+      except OSError:
+        continue
+  raise RuntimeError(f'no free port in 10000-{lowest}')
 
 
 def tf_config(ports, index):
@@ -321,15 +339,12 @@ class Emulator:
   """A real GCS server (gcp-storage-emulator) on a free loopback port.
 
   Stores on disk under its own directory, so stop() and start() keep the
-  objects, as a network outage would. The port is below the kernel's range
-  of ephemeral ports: a client retrying while the server is down could
-  otherwise be given that very port for its own end (on loopback a connect
-  to an unused port can even connect to itself) and hold it, so the
-  restarted server could not bind it.
+  objects, as a network outage would (its port is free_port()'s, which a
+  retrying client cannot hold meanwhile).
   """
 
   def __init__(self, root):
-    self.port = _free_port_below_the_ephemeral_range()
+    self.port = free_port()
     self.root = root
     self.host = f'http://127.0.0.1:{self.port}'
     self.process = None
@@ -369,26 +384,6 @@ class Emulator:
   def names(self, bucket, prefix=''):
     return sorted(b.name for b in self.client().list_blobs(bucket,
                                                            prefix=prefix))
-
-
-def _free_port_below_the_ephemeral_range():
-  """A loopback port nobody listens on, below the range the kernel hands
-  out to connecting sockets (ip_local_port_range)."""
-  import random  # pylint: disable=g-import-not-at-top
-  import socket  # pylint: disable=g-import-not-at-top
-  try:
-    with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
-      lowest = int(f.read().split()[0])
-  except (OSError, ValueError, IndexError):
-    lowest = 32768  # Linux's default.
-  for port in random.Random(os.getpid()).sample(range(10000, lowest), 200):
-    with socket.socket() as s:
-      try:
-        s.bind(('127.0.0.1', port))
-        return port
-      except OSError:
-        continue
-  raise RuntimeError(f'no free loopback port in 10000-{lowest}')
 
 
 @pytest.fixture(scope='module')
