@@ -92,11 +92,7 @@ class Setup:
     keras.utils.set_random_seed(config.seed)
     self.config, self.num_classes, self.strategy = config, num_classes, strategy
     self.policy = policy
-    self.model = models.build_model(
-        config.model, num_classes, config.image_size, config.dropout_rate,
-        config.batch_norm_momentum, config.drop_connect_rate,
-        batch_norm=config.batch_norm, squeeze_excite=config.squeeze_excite,
-        depthwise=config.depthwise)
+    self.model = models.model_of_config(config, num_classes)
     self.optimizer = probe_stages.make_optimizer(config, policy)
     self.optimizer.build(self.model.trainable_variables)
     self.ema = (ema_lib.MovingAverage(self.model, config.ema_decay)

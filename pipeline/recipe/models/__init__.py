@@ -62,8 +62,13 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
 
 def model_of_run(plan):
   """The run's network (build it inside the strategy's scope on TensorFlow)."""
-  config = plan.config
-  return build_model(config.model, plan.source.num_classes, config.image_size,
+  return model_of_config(plan.config, plan.source.num_classes)
+
+
+def model_of_config(config, num_classes):
+  """The network `config` describes, for `num_classes` (launch.probe's,
+  which has no plan, and the run's)."""
+  return build_model(config.model, num_classes, config.image_size,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate, batch_norm=config.batch_norm,
                      squeeze_excite=config.squeeze_excite,
