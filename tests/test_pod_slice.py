@@ -17,10 +17,13 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from conftest import free_port
 from conftest import tf_config
 from conftest import REPO
 from conftest import tiny_args
+from pipeline.run import pod_slice
 
 STAND_IN = f'''#!{sys.executable}
 import json, os, subprocess, sys, threading
@@ -36,6 +39,19 @@ options = dict(a[2:].split('=', 1) for a in args if a.startswith('--'))
 if options['worker'] != 'all':
   worker = int(options['worker'])
   env = dict(os.environ, **workers[worker])
+  fails = os.environ.get('GCLOUD_STAND_IN_FAILS', '').split(':')
+  if fails[0] == str(worker):
+    # gcloud fails before it connects (exit 1: an expired token) or ssh
+    # does (255), on the worker's first `count` connections.
+    count, code = int(fails[1]), int(fails[2])
+    made = os.environ['GCLOUD_STAND_IN_CALLS'] + f'.{{worker}}'
+    tries = len(open(made).read()) if os.path.exists(made) else 0
+    open(made, 'a').write('x')
+    if tries < count:
+      sys.stderr.write('ERROR: (gcloud.compute.tpus.tpu-vm.ssh) There was '
+                       'a problem refreshing your current auth tokens\\n'
+                       if code == 1 else 'Connection closed by remote host\\n')
+      sys.exit(code)
   # What ssh and gcloud say of each connection, on stderr.
   sys.stderr.write(f"Warning: Permanently added 'tpu.{{worker}}' (ED25519) "
                    "to the list of known hosts.\\n")
@@ -68,19 +84,21 @@ sys.exit(max(subprocess.run(['bash', '-c', options['command']],
 
 
 def _launch(tmp_path, workers, train_args, *flags, name='slice', drops='',
-            up_s=0):
+            up_s=0, fails='', logs='logs', python=sys.executable):
   """`python -m launch.pod` with the stand-in first on PATH; each worker
   its own home (its own ~/.launch-pod); `drops`: the worker whose every
-  connection drops, after `up_s` seconds."""
-  env = _stand_in_env(tmp_path, workers, drops, up_s)
+  connection drops, after `up_s` seconds; `fails`: WORKER:COUNT:CODE,
+  that worker's first COUNT connections fail with CODE before the
+  command runs."""
+  env = _stand_in_env(tmp_path, workers, drops, up_s, fails)
   return subprocess.run(
       [sys.executable, '-m', 'launch.pod', f'--tpu={name}', '--zone=z',
-       f'--repo_dir={REPO}', f'--python={sys.executable}',
-       f'--worker_logs={tmp_path / "logs"}', *flags, '--', *train_args],
+       f'--repo_dir={REPO}', f'--python={python}',
+       f'--worker_logs={tmp_path / logs}', *flags, '--', *train_args],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _stand_in_env(tmp_path, workers, drops='', up_s=0):
+def _stand_in_env(tmp_path, workers, drops='', up_s=0, fails=''):
   """The environment with the stand-in first on PATH, for `workers` (each
   its variables), each its own home."""
   bin_dir = tmp_path / 'bin'
@@ -93,7 +111,8 @@ def _stand_in_env(tmp_path, workers, drops='', up_s=0):
   return dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
               GCLOUD_STAND_IN_WORKERS=str(tmp_path / 'workers.json'),
               GCLOUD_STAND_IN_CALLS=str(tmp_path / 'calls.jsonl'),
-              GCLOUD_STAND_IN_DROPS=drops, GCLOUD_STAND_IN_UP_S=str(up_s))
+              GCLOUD_STAND_IN_DROPS=drops, GCLOUD_STAND_IN_UP_S=str(up_s),
+              GCLOUD_STAND_IN_FAILS=fails)
 
 
 def test_every_worker_runs_the_same_command_after_earlier_runs_end(
@@ -132,7 +151,8 @@ def test_every_worker_runs_the_same_command_after_earlier_runs_end(
   # Each trainer wrote its log and status on its worker, apart from ssh.
   for worker in range(2):
     runs = tmp_path / f'home-{worker}' / '.launch-pod'
-    assert (runs / f'{name}.status').read_text().strip() == '0'
+    [status] = runs.glob(f'{name}.*.status')  # This run's.
+    assert status.read_text().strip() == '0'
     assert 'dry run: everything checks out' in (
         runs / f'{name}.log').read_text()
 
@@ -177,9 +197,9 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
     assert result.returncode == 255, result.stdout[-3000:] + result.stderr
     assert ('worker 1: the connection dropped (ssh exit 255); following its '
             'trainer again in 0.5 s (1 of 3 in a row)') in result.stdout
-    assert ('error: lost the connection to worker 1 (ssh exit 255, 3 times '
-            'in a row); the trainers still run on every worker') in (
-                result.stdout)
+    assert ('error: could not follow worker 1 (the connection dropped (ssh '
+            'exit 255), 3 times in a row); the trainers still run on every '
+            'worker') in result.stdout
     assert f'--worker=0 \'--command=tail -f ~/.launch-pod/{name}.log\'' in (
         result.stdout)
     assert 'stopping every worker' not in result.stdout
@@ -243,3 +263,95 @@ def test_a_trainer_that_exits_255_is_a_failure_not_a_drop(tmp_path):
           in result.stdout) or ('error: worker 1 exited with status 255 '
                                 '(the trainer gives up)' in result.stdout)
   assert 'the connection dropped' not in result.stdout
+
+
+def test_a_second_run_on_the_same_slice_starts_from_clean_files(tmp_path,
+                                                              tfds_dir):
+  """The same slice name and the same homes twice, as the launcher advises
+  after a lost connection: the second run's followers read its own log
+  and status, never the first's."""
+  name = f'slice-{uuid.uuid4().hex[:8]}'
+  for run in ('first', 'second'):
+    ports = [free_port(), free_port()]
+    result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
+                                for i in range(2)],
+                     ['--dry_run', *tiny_args(str(tmp_path / run), tfds_dir)],
+                     name=name, logs=f'logs-{run}')
+    assert result.returncode == 0, (run, result.stdout[-3000:] +
+                                    result.stderr)
+    assert 'all 2 workers finished' in result.stdout
+    for worker in range(2):
+      remote = (tmp_path / f'home-{worker}' / '.launch-pod' /
+                f'{name}.log').read_text()
+      assert remote.count('dry run: everything checks out') == 1, remote
+      assert str(tmp_path / run) in remote
+      local = (tmp_path / f'logs-{run}' / f'worker-{worker}.log').read_text()
+      assert local.count('dry run: everything checks out') == 1, local
+  # One status file, the second run's.
+  statuses = list((tmp_path / 'home-0' / '.launch-pod').glob('*.status'))
+  assert len(statuses) == 1 and statuses[0].read_text().strip() == '0'
+
+
+@pytest.mark.parametrize('code', [1, 255])
+def test_a_connection_that_fails_before_the_trainer_starts_starts_it(
+    tmp_path, tfds_dir, code):
+  """Worker 1's first two connections fail before its command runs:
+  gcloud's own failure (exit 1, an expired token) is named as gcloud's
+  and stops no trainer; like a connection ssh lost (255), it is made again,
+  and that starts the trainer, which had never started."""
+  ports = [free_port(), free_port()]
+  result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
+                              for i in range(2)],
+                   ['--dry_run', *tiny_args(str(tmp_path / 'run'), tfds_dir)],
+                   '--reconnect_wait_s=0.2', name=f'slice-{uuid.uuid4().hex[:8]}',
+                   fails=f'1:2:{code}')
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  said = ('gcloud failed (exit 1: ERROR: (gcloud.compute.tpus.tpu-vm.ssh) '
+          'There was a problem refreshing your current auth tokens)'
+          if code == 1 else 'the connection dropped (ssh exit 255)')
+  for count in (1, 2):
+    assert (f'worker 1: {said}; following its trainer again in 0.2 s '
+            f'({count} of 3 in a row)') in result.stdout, result.stdout
+  assert 'stopping every worker' not in result.stdout
+  assert 'all 2 workers finished' in result.stdout
+  log = (tmp_path / 'logs' / 'worker-1.log').read_text()
+  assert 'dry run: everything checks out' in log
+
+
+def test_gcloud_that_keeps_failing_is_named_and_stops_no_trainer(tmp_path):
+  """gcloud failing on every connection to worker 1 (exit 1) is gcloud's,
+  not a trainer's: the launcher gives up in one line with gcloud's message
+  and exit status, and worker 0's trainer goes on."""
+  python = tmp_path / 'python-sleeps'
+  python.write_text('#!/bin/sh\necho "training"\nexec sleep 600\n')
+  python.chmod(0o755)
+  name = f'slice-{uuid.uuid4().hex[:8]}'
+  try:
+    result = _launch(tmp_path, [{}, {}], [], '--reconnect_wait_s=0.1',
+                     name=name, fails='1:99:1', python=python)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ('error: could not follow worker 1 (gcloud failed (exit 1: '
+            'ERROR: (gcloud.compute.tpus.tpu-vm.ssh) There was a problem '
+            'refreshing your current auth tokens), 3 times in a row); the '
+            'trainers still run') in result.stdout, result.stdout
+    assert 'exited with status' not in result.stdout
+    assert 'stopping every worker' not in result.stdout
+    sleeping = subprocess.run(['pgrep', '-f', '^sleep 600$'],
+                              capture_output=True, text=True).stdout.split()
+    assert any(f'PIPELINE_POD={name}' in _environ(pid) for pid in sleeping)
+  finally:
+    subprocess.run(['bash', '-c', pod_slice.signal_trainers(name, 'KILL')],
+                   check=False)
+    for pid in subprocess.run(['pgrep', '-f', '^sleep 600$'],
+                              capture_output=True, text=True).stdout.split():
+      if f'PIPELINE_POD={name}' in _environ(pid):
+        os.kill(int(pid), 9)
+    subprocess.run(['pkill', '-9', '-f', f'launch-pod/{name}'], check=False)
+
+
+def _environ(pid):
+  try:
+    with open(f'/proc/{pid}/environ', 'rb') as environ:
+      return environ.read().decode('utf-8', 'replace').replace('\0', '\n')
+  except OSError:
+    return ''

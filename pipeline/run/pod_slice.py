@@ -10,9 +10,12 @@ checkpoint, as a preemption does).
 
 Each trainer runs detached from its ssh session, writing its log and then
 its exit status into ~/.launch-pod/ on its worker, while the session
-follows the log: a dropped connection (ssh's exit status 255: a laptop
-asleep, Cloud Shell reconnecting) is no failed trainer. The launcher
-follows again from where it was; where it cannot reconnect it says the
+follows the log. A connection that ends before the trainer's status is
+read is no failed trainer: ssh's dropped connection (exit 255: a laptop
+asleep, Cloud Shell reconnecting), gcloud's own failure (an API error, an
+expired token) or an unreadable status. The launcher makes it again,
+which starts the trainer where it had not started and follows it from
+where it was; where it cannot, it says why (gcloud's message), that the
 trainers still run and how to follow them, and stops nothing.
 
 The workers join each other themselves (pipeline/rules/machine/cluster.py): JAX
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 from pipeline.errors import UserError
 from pipeline.rules.machine import stopping
@@ -111,25 +115,46 @@ SSH_LOST = 255
 RUNS = '~/.launch-pod'
 
 
-def _files(name):
+def _files(name, run_id=''):
+  """A worker's log (one per slice name, to follow by hand), the file
+  naming the run that last started there, and this run's status file:
+  one per run, so that an earlier run's trainer, ended as the next one
+  starts, writes its status where no follower of the next one reads."""
   base = f'{RUNS}/{shlex.quote(name)}'
-  return f'{base}.log', f'{base}.status'
+  return f'{base}.log', f'{base}.run', f'{base}.{run_id}.status'
 
 
-def train_command(name, repo_dir, python, train_args):
-  """What each worker runs: the same launch.train, from the checkout (a
-  leading ~/ is the worker's home), marked as the slice `name`'s, in a
-  session of its own (a dropped ssh leaves it running) that writes its
-  exit status when it ends; then the log is followed until it does."""
+def _folder(repo_dir):
+  """`repo_dir` for the worker's shell: a leading ~/ is its home."""
   home, _, rest = repo_dir.partition('~/')
-  folder = f'~/{shlex.quote(rest)}' if not home and rest else shlex.quote(
+  return f'~/{shlex.quote(rest)}' if not home and rest else shlex.quote(
       repo_dir)
-  log, status = _files(name)
-  trainer = (f'{MARK}={shlex.quote(name)} {python} -m launch.train '
-             f'{shlex.join(train_args)} > {log} 2>&1; echo $? > {status}')
-  return (f'mkdir -p {RUNS} && rm -f {log} {status} && cd {folder} && '
+
+
+def train_command(name, run_id, repo_dir, python, train_args, skip_bytes=0):
+  """What each connection to a worker runs: unless the run `run_id` has
+  started there already, the last run's files removed and the trainer
+  started (in the foreground: both before the follower reads a byte),
+  then its log followed from byte `skip_bytes` until its status is
+  written. So a new run never
+  reads the last one's log or status, and a connection lost before the
+  trainer started starts it when it is made again.
+
+  The trainer is the same launch.train on every worker, from the checkout,
+  marked as the slice `name`'s, in a session of its own (a dropped ssh
+  leaves it running); a missing checkout is the trainer's failure, in its
+  log."""
+  log, run_file, status = _files(name, run_id)
+  trainer = (f'{{ cd {_folder(repo_dir)} && {MARK}={shlex.quote(name)} '
+             f'{python} -m launch.train {shlex.join(train_args)}; }} '
+             f'> {log} 2>&1; echo $? > {status}.tmp; mv {status}.tmp '
+             f'{status}')
+  return (f'mkdir -p {RUNS} || exit 1; '
+          f'if [ "$(cat {run_file} 2>/dev/null)" != {run_id} ]; then '
+          f'rm -f {log} {RUNS}/{shlex.quote(name)}.*.status*; : > {log}; '
+          f'echo {run_id} > {run_file}; '
           f'setsid nohup bash -c {shlex.quote(trainer)} > /dev/null 2>&1 & '
-          + follow_command(name))
+          f'fi; ' + follow_command(name, run_id, skip_bytes))
 
 
 # The last line a follower prints: the trainer's exit status, which its
@@ -137,12 +162,11 @@ def train_command(name, repo_dir, python, train_args):
 ENDED = 'launch.pod: the trainer exited with status '
 
 
-def follow_command(name, skip_bytes=0):
-  """Follows a worker's trainer log from byte `skip_bytes` until its
+def follow_command(name, run_id, skip_bytes=0):
+  """Follows a worker's trainer log from byte `skip_bytes` until the run's
   status is written, then prints it (ENDED) and exits with it."""
-  log, status = _files(name)
-  return (f'while [ ! -e {log} ]; do sleep 0.2; done; '
-          f'tail -c +{skip_bytes + 1} -f {log} & '
+  log, _, status = _files(name, run_id)
+  return (f'tail -c +{skip_bytes + 1} -f {log} & '
           f'while [ ! -e {status} ]; do sleep 1; done; sleep 1; kill $!; '
           # On a line of its own, the log's last line ended or not.
           f'[ -z "$(tail -c 1 {log})" ] || echo; '
@@ -160,19 +184,39 @@ class _Worker:
   reconnects: int = 0  # Since the last healthy stretch.
   followed_at: float = 0.0  # When the current connection began.
   ended: int = None  # The trainer's exit status, once its follower said.
+  gcloud_said: str = ''  # The last line gcloud or ssh wrote (stderr).
+  unreadable: bool = False  # Its follower's status line held no number.
 
   def status(self):
-    """The trainer's exit status once its follower ended; SSH_LOST where
-    the connection dropped first; None while it runs."""
+    """The trainer's exit status once its follower said it; None while
+    the connection is up; else what ended the connection (_Lost)."""
     code = self.process.poll()
     if code is None:
       return None
     self.copying.join(timeout=10)  # Its last lines, ENDED among them.
-    return self.ended if self.ended is not None else (
-        SSH_LOST if code == SSH_LOST else code)
+    return self.ended if self.ended is not None else _Lost(
+        code, self.gcloud_said, self.unreadable)
 
 
-# Times a dropped connection to a worker is followed again in a row; a
+@dataclasses.dataclass(frozen=True)
+class _Lost:
+  """A connection that ended before its follower said the trainer's
+  status: ssh's dropped connection (255), gcloud's own failure (an API
+  error, a quota, an expired token: any other status), or a status file
+  that could not be read. None of them is the trainer's."""
+  code: int
+  said: str
+  unreadable: bool
+
+  def __str__(self):
+    if self.unreadable:
+      return "its trainer's status could not be read"
+    if self.code == SSH_LOST:
+      return f'the connection dropped (ssh exit {SSH_LOST})'
+    return f'gcloud failed (exit {self.code}: {self.said or "no output"})'
+
+
+# Times a lost connection to a worker is made again in a row; a
 # connection that stayed up HEALTHY_S starts the count again.
 RECONNECTS = 3
 HEALTHY_S = 300
@@ -181,11 +225,11 @@ HEALTHY_S = 300
 def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
         out=sys.stdout, reconnect_wait_s=10, healthy_s=HEALTHY_S):
   """Trains on every worker of `pod`; returns the exit status: 0 when every
-  worker finished, else the first failure's (a UserError for gcloud's), or
-  SSH_LOST where a worker could not be followed again RECONNECTS times in
-  a row (its trainers still run; a connection up `healthy_s` starts the
-  count again). Workers stopped after a failure get `stop_wait_s` to
-  commit."""
+  worker finished, else the first trainer's failure (the others stopped),
+  or, where a worker's connection could not be made again RECONNECTS times
+  in a row, ssh's or gcloud's status (its trainers still run; a
+  connection up `healthy_s` starts the count again). Workers stopped
+  after a failure get `stop_wait_s` to commit."""
   count = workers(pod)
   os.makedirs(log_dir, exist_ok=True)
   print(f'TPU {pod.name}: {count} workers; ending earlier runs on each, '
@@ -193,29 +237,29 @@ def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
         flush=True)
   _gcloud(pod.ssh('all', end_stale(pod.name)),
           'end earlier runs on the workers')
-  command = train_command(pod.name, repo_dir, python, train_args)
+  run_id = uuid.uuid4().hex[:12]
+  command = lambda worker: train_command(pod.name, run_id, repo_dir, python,
+                                         train_args, worker.received)
   running = [_Worker(worker, os.path.join(log_dir, f'worker-{worker}.log'))
              for worker in range(count)]
   for worker in running:
-    _follow(pod, worker, command, out)
+    _follow(pod, worker, command(worker), out)
   with stopping.armed():
-    status = _watch(pod, running, out, reconnect_wait_s, healthy_s)
+    status = _watch(pod, running, command, out, reconnect_wait_s, healthy_s)
     if status is None:  # Ctrl-C or SIGTERM here: stop every worker.
       status = 128 + int(stopping.requested())
-    if status != _LOST and any(worker.process.poll() is None
-                               for worker in running):
+    if isinstance(status, _Lost):
+      return status.code or 1
+    if any(worker.process.poll() is None for worker in running):
       _stop_all(pod, running, out, stop_wait_s)
-  return SSH_LOST if status == _LOST else status
-
-
-# What _watch returns where a worker could not be followed again.
-_LOST = 'lost'
+  return status
 
 
 def _follow(pod, worker, command, out):
   """Runs `command` on `worker` over ssh: the trainer's log (its stdout)
   appended to the worker's log (worker 0's also shown), gcloud's and ssh's
   own lines (its stderr) too, marked, and not counted as the log's."""
+  worker.ended, worker.gcloud_said, worker.unreadable = None, '', False
   worker.process = subprocess.Popen(
       pod.ssh(worker.index, command), stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, start_new_session=True)
@@ -230,11 +274,15 @@ def _follow(pod, worker, command, out):
 
 
 def _copy(worker, out, lock):
-  """The trainer's log as it comes; its follower's ENDED line kept apart."""
+  """The trainer's log as it comes; its follower's ENDED line kept apart
+  (one that does not end in a number is no status: _Lost says so)."""
   for line in worker.process.stdout:
     text = line.decode('utf-8', 'replace')
     if text.startswith(ENDED):
-      worker.ended = int(text[len(ENDED):])
+      try:
+        worker.ended = int(text[len(ENDED):])
+      except ValueError:
+        worker.unreadable = True
       continue
     with lock, open(worker.log_path, 'ab') as log:
       log.write(line)
@@ -248,28 +296,29 @@ def _copy_gcloud(worker, lock):
   for line in worker.process.stderr:
     with lock, open(worker.log_path, 'ab') as log:
       log.write(b'[gcloud] ' + line)
+    if line.strip():
+      worker.gcloud_said = line.decode('utf-8', 'replace').strip()
 
 
-def _watch(pod, running, out, reconnect_wait_s, healthy_s):
-  """Waits for every worker; the exit status of the first that fails, 0
-  when all finish, _LOST where one cannot be followed again, None when
-  this process is asked to stop."""
+def _watch(pod, running, command, out, reconnect_wait_s, healthy_s):
+  """Waits for every worker; the exit status of the first trainer that
+  fails, 0 when all finish, a _Lost where a worker's connection cannot be
+  made again, None when this process is asked to stop."""
   while stopping.requested() is None:
     for worker in running:
       code = worker.status()
-      if code == SSH_LOST and worker.ended is None:  # The connection's.
+      if isinstance(code, _Lost):
         if time.monotonic() - worker.followed_at >= healthy_s:
           worker.reconnects = 0
         if worker.reconnects == RECONNECTS:
-          _lost(pod, worker, out)
-          return _LOST
+          _lost(pod, worker, code, out)
+          return code
         worker.reconnects += 1
-        print(f'worker {worker.index}: the connection dropped (ssh exit '
-              f'{SSH_LOST}); following its trainer again in '
-              f'{reconnect_wait_s:g} s ({worker.reconnects} of '
+        print(f'worker {worker.index}: {code}; following its trainer '
+              f'again in {reconnect_wait_s:g} s ({worker.reconnects} of '
               f'{RECONNECTS} in a row)', file=out, flush=True)
         time.sleep(reconnect_wait_s)
-        _follow(pod, worker, follow_command(pod.name, worker.received), out)
+        _follow(pod, worker, command(worker), out)
       elif code:
         print(f'error: worker {worker.index} exited with status {code} '
               f'({_last_line(worker.log_path)}); stopping the others; its '
@@ -282,16 +331,16 @@ def _watch(pod, running, out, reconnect_wait_s, healthy_s):
   return None
 
 
-def _lost(pod, worker, out):
-  log, _ = _files(pod.name)
+def _lost(pod, worker, lost, out):
+  log, _, _ = _files(pod.name)
   follow = shlex.join(pod.ssh(0, f'tail -f {log}'))
-  print(f'error: lost the connection to worker {worker.index} (ssh exit '
-        f'{SSH_LOST}, {RECONNECTS} times in a row); the trainers still run '
-        'on every worker and commit their checkpoints as usual. Follow '
-        f'worker 0 with: {follow} (each worker logs to {log}); running this '
-        'command again ends them and resumes from the last checkpoint. Run '
-        'launch.pod where it can stay connected: tmux, or a VM', file=out,
-        flush=True)
+  print(f'error: could not follow worker {worker.index} ({lost}, '
+        f'{RECONNECTS} times in a row); the trainers still run on every '
+        'worker where they started and commit their checkpoints as usual. '
+        f'Follow worker 0 with: {follow} (each worker logs to {log}); '
+        'running this command again ends them and resumes from the last '
+        'checkpoint. Run launch.pod where it can stay connected: tmux, or '
+        'a VM', file=out, flush=True)
 
 
 def _last_line(path):
