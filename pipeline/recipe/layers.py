@@ -7,9 +7,13 @@ OnePassBatchNormalization: Keras 3.15's BatchNormalization computes the
 mean, then the variance from it (two dependent passes over each
 convolution's output, in float32), and its gradient is whatever XLA derives
 from that. Here the mean and variance come from one pass of sums of the
-input shifted by the moving mean (Keras left the unshifted one-pass form
-for the NaNs its cancellation made: keras#18795, keras#19072; a shift near
-the mean keeps the difference of sums small), and the gradient is written
+input shifted by one of the batch's own values per channel (Keras left the
+unshifted one-pass form for the NaNs its cancellation made: keras#18795,
+keras#19072). A value of the batch lies within a few deviations of its
+mean, so the shifted sums stay small and the difference of them exact from
+the first step; the moving mean, the shift once used here, is 0 at the
+first step, where the form was the unshifted one and off by 6% at a
+mean 1,000 times the spread), and the gradient is written
 out: one combined reduction of the output gradient and the normalised
 input, then one elementwise pass, saving only the 16-bit input and the
 per-channel mean and inverse deviation.
@@ -65,9 +69,9 @@ def _normalize(x, mean, inverse_deviation, gamma, beta):
 
 
 class OnePassBatchNormalization(keras.layers.BatchNormalization):
-  """keras.layers.BatchNormalization with one-pass shifted statistics and a
-  written-out gradient while training; Keras' own code otherwise (inference,
-  masks, renorm, a frozen layer). Same variables, same moving-statistics
+  """keras.layers.BatchNormalization with one-pass statistics shifted by a
+  value of the batch and a written-out gradient while training; Keras' own
+  code otherwise (inference, masks, renorm, a frozen layer). Same variables, same moving-statistics
   rule, same results within float32 rounding."""
 
   def call(self, inputs, training=None, mask=None):
@@ -76,7 +80,8 @@ class OnePassBatchNormalization(keras.layers.BatchNormalization):
             self.axis in (-1, len(inputs.shape) - 1)):
       return super().call(inputs, training=training, mask=mask)
     axes = tuple(range(len(inputs.shape) - 1))
-    shift = ops.stop_gradient(ops.convert_to_tensor(self.moving_mean))
+    # The first position's values: one of the batch's own per channel.
+    shift = ops.stop_gradient(ops.cast(inputs[(0,) * len(axes)], 'float32'))
     shifted = ops.cast(inputs, 'float32') - shift
     offset = ops.mean(shifted, axis=axes)
     variance = ops.maximum(
