@@ -23,7 +23,7 @@ from conftest import free_port
 from conftest import tf_config
 from conftest import REPO
 from conftest import tiny_args
-from pipeline.run import pod_slice
+from pipeline.run import pod_commands
 
 STAND_IN = f'''#!{sys.executable}
 import json, os, subprocess, sys, threading
@@ -340,7 +340,7 @@ def test_gcloud_that_keeps_failing_is_named_and_stops_no_trainer(tmp_path):
                               capture_output=True, text=True).stdout.split()
     assert any(f'PIPELINE_POD={name}' in _environ(pid) for pid in sleeping)
   finally:
-    subprocess.run(['bash', '-c', pod_slice.signal_trainers(name, 'KILL')],
+    subprocess.run(['bash', '-c', pod_commands.signal_trainers(name, 'KILL')],
                    check=False)
     for pid in subprocess.run(['pgrep', '-f', '^sleep 600$'],
                               capture_output=True, text=True).stdout.split():
