@@ -4,6 +4,9 @@
   python -m launch.probe --image_size=32 --batch_size=16 --budget_s=300 \
       --out=/tmp/probe                                     # a CPU, small
 
+  # Stage (a) in 3 processes (this one and 2 fresh): its spread.
+  python -m launch.probe --stages=ag --repeats=3 --out=/tmp/probe
+
   # Variants of the step, each against the baseline step timed just before:
   python -m launch.probe --stages=afg --out=/tmp/probe \
       --variant='batch_norm=keras squeeze_excite=conv' \
@@ -13,7 +16,7 @@
 Needs JAX, Keras, ml-collections and absl-py, and no TensorFlow: it runs on
 a bare GPU or TPU image with a few wheels (README, "Probe a machine").
 Writes DIR/probe.json after every stage and variant
-(pipeline/backends/jax/probe.py says what each measures) and prints one
+(pipeline/probe/runner.py says what each measures) and prints one
 line for each; one that would not end within --budget_s is skipped with
 its reason.
 """
@@ -55,6 +58,16 @@ _VARIANTS = flags.DEFINE_multi_string(
     "config as given): space-separated KEY=VALUE of config keys or policy, "
     "and XLA flags (each set in a process of its own), e.g. 'batch_norm=keras"
     " squeeze_excite=conv'. Repeat for several.")
+_REPEATS = flags.DEFINE_integer(
+    'repeats', 1, 'Processes that time stage (a), this one included: each '
+    "other compiles and autotunes anew (XLA's autotuner picks kernels per "
+    'process), started before this one takes the devices; the spread, and '
+    'for a process more than 5% off the median what differs, go in '
+    '"repeats".', lower_bound=1)
+_SAVE_RATE = flags.DEFINE_bool(
+    'save_rate', False, "Keep stage (a)'s rate (the median over --repeats) "
+    'for this card and step: a run of the same step on the JAX route says '
+    'when its own step runs more than 10% below it.')
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'On a GPU, after (a) and (e): keep the faster of '
     'the two policies for this GPU model and JAX version, so '
@@ -64,7 +77,8 @@ _SAVE_POLICY = flags.DEFINE_bool(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  from pipeline.backends.jax import probe  # Keras loads here, on JAX.
+  from pipeline.probe import repeats  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import runner as probe  # Keras loads here, on JAX.
   unknown = set(_STAGES.value) - set(probe.STAGES)
   if unknown or not _STAGES.value:
     sys.exit(f'error: --stages={_STAGES.value!r}: letters of '
@@ -87,8 +101,8 @@ def main(argv):
       json.dump(results, f, indent=2)
     os.replace(partial, path)  # A reader never sees half a file.
     if section:
-      print(f'probe: {name}: {json.dumps(results[section][name])}',
-            flush=True)
+      figures = results[section][name] if name else results[section]
+      print(f'probe: {name or section}: {json.dumps(figures)}', flush=True)
 
   def out_of_time():
     print(f'probe: the budget of {_BUDGET_S.value} s ran out mid-stage; '
@@ -98,12 +112,18 @@ def main(argv):
   watchdog = threading.Timer(_BUDGET_S.value, out_of_time)
   watchdog.daemon = True
   watchdog.start()
+  # Before JAX starts XLA: where this process writes its autotuner's
+  # picks (on a GPU), for --repeats to compare processes by.
+  os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
+      os.environ.get('XLA_FLAGS'), repeats.autotune_flag(_OUT.value))))
   runner = probe.run_all(
       config, _CLASSES.value, _STEPS.value, _EXECUTIONS.value,
       _BUDGET_S.value, save, _OUT.value, _STAGES.value, _POLICY.value,
-      variants, _own_process_flags())
+      variants, _own_process_flags(), _REPEATS.value)
   if _SAVE_POLICY.value:
     print(f'probe: {probe.save_policy(runner.results)}', flush=True)
+  if _SAVE_RATE.value:
+    print(f'probe: {probe.save_rate(runner.results, config)}', flush=True)
   watchdog.cancel()
   print(f'probe: done in {written.get("elapsed_s")} s; figures in {path}')
 

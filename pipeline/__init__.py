@@ -13,6 +13,8 @@ imports only from its own floor and the floors below it (the bottom first):
               fine-tuning's first weights
   backends/   the Backend and Trainer interface, TensorFlow's and JAX's
               implementations, and the choice between them
+  probe/      launch.probe: the JAX route measured on a machine beside
+              Keras' own model (it names the JAX backend: its tool)
   run/        the resolved plan and the process around it (environment,
               console), and a TPU slice's workers started from one place
   reports/    evaluation, metrics, export, benchmark, compare, predict
@@ -24,4 +26,4 @@ tests/test_layout.py holds every import to this order.
 """
 
 FLOORS = ('errors', 'parts', 'storage', 'rules', 'data', 'recipe',
-          'backends', 'run', 'reports', 'training')
+          'backends', 'probe', 'run', 'reports', 'training')

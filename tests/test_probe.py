@@ -21,12 +21,12 @@ from conftest import run_module  # pylint: disable=g-import-not-at-top,wrong-imp
 COMPUTE_PATH = (
     'pipeline.backends.jax.programs', 'pipeline.backends.jax.mesh',
     'pipeline.backends.jax.staging', 'pipeline.backends.jax.ema',
-    'pipeline.backends.jax.probe', 'pipeline.backends.jax.probe_stages',
-    'pipeline.backends.jax.probe_variants',
-    'pipeline.backends.jax.step_profile', 'pipeline.backends.hlo_cost',
+    'pipeline.probe.runner', 'pipeline.probe.stages',
+    'pipeline.probe.variants', 'pipeline.probe.repeats',
+    'pipeline.probe.step_profile', 'pipeline.backends.hlo_cost',
     'pipeline.recipe.models', 'pipeline.recipe.layers',
     'pipeline.recipe.optimizers', 'pipeline.rules.machine.peaks',
-    'pipeline.rules.speed.saved_policy',
+    'pipeline.rules.speed.saved_policy', 'pipeline.rules.speed.saved_rate',
     'pipeline.recipe.objective', 'pipeline.recipe.moving_average',
     'pipeline.rules.speed.precision', 'pipeline.rules.speed.step_counts')
 
@@ -209,7 +209,7 @@ def test_the_probe_saves_the_faster_policy_for_the_jax_route(tmp_path,
   os.environ.setdefault('KERAS_BACKEND', 'jax')
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   from pipeline.backends.jax import JaxBackend  # pylint: disable=g-import-not-at-top
-  from pipeline.backends.jax import probe  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import runner as probe  # pylint: disable=g-import-not-at-top
   from pipeline.rules.speed import saved_policy  # pylint: disable=g-import-not-at-top
   results = {
       'machine': {'platform': 'gpu', 'device_kind': 'NVIDIA H200'},
@@ -235,7 +235,7 @@ def test_a_stage_that_would_not_fit_is_skipped_and_each_is_saved(
   import os  # pylint: disable=g-import-not-at-top
   os.environ.setdefault('KERAS_BACKEND', 'jax')
   from configs import default  # pylint: disable=g-import-not-at-top
-  from pipeline.backends.jax import probe  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import runner as probe  # pylint: disable=g-import-not-at-top
 
   def device_rate(runner, policy):
     runner.compile_s = 40.0
@@ -282,13 +282,147 @@ def test_the_profile_names_what_it_could_not_attribute():
   """A kernel whose instruction the compiled program lacks is counted as
   unattributed and named with its time, so a trace that disagrees with
   the program says where."""
-  from pipeline.backends.jax import step_profile  # pylint: disable=g-import-not-at-top
-  events = [('fusion.1', 0, 3_000_000), ('fusion.2', 3_000_000, 1_000_000),
-            ('command_buffer.7', 4_000_000, 2_000_000)]
+  from pipeline.probe import step_profile  # pylint: disable=g-import-not-at-top
+  events = [('fusion.1', 'fusion_1', 0, 3_000_000),
+            ('fusion.2', 'fusion_2', 3_000_000, 1_000_000),
+            ('custom-call.7', 'custom-call.7', 4_000_000, 2_000_000)]
   figures = step_profile.summarize(
       events, True, {'fusion.1': 'elementwise fusions',
                      'fusion.2': 'elementwise fusions'}, steps=2)
   assert figures['unattributed_ms_per_step'] == 1.0
-  assert figures['unattributed_ops'] == {'command_buffer.7': 1.0}
+  assert figures['unattributed_share'] == round(2 / 6, 4)
+  assert figures['unattributed_ops'] == {'custom-call.7': 1.0}
   assert figures['by_class']['elementwise fusions']['ms_per_step'] == 2.0
   assert figures['kernel_ms_per_step'] == 3.0
+
+
+def test_kernels_inside_command_buffers_are_classed_by_their_names():
+  """On a GPU a kernel run inside a command buffer carries the buffer's
+  name (command_buffer_N) as its hlo_op: it is classed by its own kernel
+  name, XLA's sanitised name of its fusion (a '.__N' suffix of a launch
+  too), or as a library kernel (cuDNN's, cuBLAS'); the time inside the
+  buffers is stated. On a CPU there are none, and the profile says so."""
+  from pipeline.probe import step_profile  # pylint: disable=g-import-not-at-top
+  classes = {'loop_multiply_fusion.3': 'batch norm, elementwise',
+             'input_reduce_fusion': 'batch-norm statistics'}
+  events = [('command_buffer_1306', 'loop_multiply_fusion_3', 0, 2_000_000),
+            ('command_buffer_1306', 'input_reduce_fusion_1', 2_000_000,
+             1_000_000),
+            ('command_buffer_1306',
+             'sm90_xmma_fprop_implicit_gemm_bf16_nhwc', 3_000_000, 500_000),
+            ('input_reduce_fusion', 'input_reduce_fusion', 3_500_000,
+             500_000),
+            ('command_buffer_9', 'mystery_kernel', 4_000_000, 100_000)]
+  figures = step_profile.summarize(events, True, classes, steps=1)
+  by_class = figures['by_class']
+  assert by_class['batch norm, elementwise']['ms_per_step'] == 2.0
+  assert by_class['batch-norm statistics']['ms_per_step'] == 1.5
+  assert by_class[step_profile.LIBRARY_CLASS]['ms_per_step'] == 0.5
+  assert figures['unattributed_ops'] == {
+      'command_buffer_9 (mystery_kernel)': 0.1}
+  assert figures['command_buffers'] == {'kernel_ms_per_step_inside': 3.6,
+                                        'share': round(3.6 / 4.1, 4)}
+  on_cpu = step_profile.summarize(events[3:4], False, classes, steps=1)
+  assert on_cpu['command_buffers'] == 'none: XLA:CPU runs no command buffers'
+  assert on_cpu['unattributed_share'] == 0.0
+
+
+def test_repeats_time_stage_a_in_fresh_processes(tmp_path, monkeypatch):
+  """--repeats=2 at a tiny size: this process and one fresh process each
+  compile and time (a) and profile it; probe.json holds each rate against
+  their median, the spread, and which program the other stages used."""
+  result = run_module(
+      'launch.probe', '--image_size=32', '--batch_size=16', '--budget_s=400',
+      '--steps_per_execution=2', '--executions=2', '--stages=ag',
+      '--repeats=2', '--config.model=efficientnet_tiny', f'--out={tmp_path}',
+      '--save_rate', env={'XDG_CACHE_HOME': str(tmp_path / 'cache')},
+      timeout=500)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  figures = json.loads((tmp_path / 'probe.json').read_text())
+  spread = figures['repeats']
+  assert list(spread['processes']) == ['this process', 'fresh process 1']
+  rates = [row['images_per_sec'] for row in spread['processes'].values()]
+  assert rates[0] == figures['stages']['a_device_rate']['images_per_sec']
+  fresh = json.loads((tmp_path / 'repeat-1' / 'probe.json').read_text())
+  assert rates[1] == fresh['stages']['a_device_rate']['images_per_sec']
+  assert 'g_profile' in fresh['stages']  # Each profiles its own step.
+  assert spread['median_images_per_sec'] == pytest.approx(sum(rates) / 2)
+  assert spread['spread'] == pytest.approx(
+      abs(rates[0] - rates[1]) / (sum(rates) / 2), abs=1e-3)
+  for row in spread['processes'].values():
+    assert row['of_median'] == pytest.approx(
+        row['images_per_sec'] / spread['median_images_per_sec'], abs=1e-3)
+  assert spread['other_stages_used'].startswith("this process's program: ")
+  assert 'probe: repeats: ' in result.stdout
+  # --save_rate: the median, where a run of the same step looks for it.
+  import os  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('KERAS_BACKEND', 'jax')
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from pipeline.backends.jax import JaxBackend  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.speed import saved_rate  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.update(dict(model='efficientnet_tiny', image_size=32,
+                     global_batch_size=16))
+  key = saved_rate.step_key(config, 1, 'mixed_bfloat16')
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  with open(saved_rate.path('CPU', JaxBackend().software(), key),
+            encoding='utf-8') as f:
+    saved = json.load(f)
+  assert saved['images_per_sec'] == spread['median_images_per_sec']
+  assert saved['measured_by'].startswith(
+      'launch.probe (stage a, median of 2 processes')
+
+
+def test_an_outlier_process_is_explained_by_its_kernel_classes(tmp_path):
+  """Three processes' figures, one 30% slow in its depthwise forward: the
+  spread names that class with both times, the classes that agree are
+  left out, and the autotuner's picks that differ are counted (files as a
+  GPU's XLA writes them)."""
+  from pipeline.probe import repeats  # pylint: disable=g-import-not-at-top
+
+  def profile(depthwise_ms):
+    return {'by_class': {
+        'depthwise convolution: forward': {'ms_per_step': depthwise_ms},
+        'batch-norm statistics': {'ms_per_step': 4.6},
+        'elementwise fusions': {'ms_per_step': 3.9}}}
+
+  def picks(folder, algorithm):
+    folder.mkdir()
+    (folder / repeats.AUTOTUNE_FILE).write_text(
+        'version: 3\n'
+        'results {\n  device: "CUDA: 9.0"\n  hlo: "conv.1"\n  result {\n'
+        f'    conv {{ algorithm: {algorithm} }}\n  }}\n}}\n'
+        'results {\n  device: "CUDA: 9.0"\n  hlo: "conv.2"\n  result {\n'
+        '    conv { algorithm: 7 }\n  }\n}\n')
+    return str(folder)
+
+  processes = [
+      ('this process', {'images_per_sec': 8970.0, 'profile': profile(4.4)},
+       picks(tmp_path / 'a', 3)),
+      ('fresh process 1', {'images_per_sec': 6286.0,
+                           'profile': profile(16.6)},
+       picks(tmp_path / 'b', 11)),
+      ('fresh process 2', {'images_per_sec': 8941.0,
+                           'profile': profile(4.41)},
+       picks(tmp_path / 'c', 3))]
+  spread = repeats.summarize(processes)
+  assert spread['median_images_per_sec'] == 8941.0
+  assert spread['spread'] == round((8970 - 6286) / 8941, 3)
+  assert spread['outliers'] == 1
+  slow = spread['processes']['fresh process 1']
+  assert slow['of_median'] == round(6286 / 8941, 3)
+  assert slow['kernel_classes_that_differ'] == {
+      'depthwise convolution: forward': {
+          'ms_per_step': 16.6, 'median_process_ms_per_step': 4.41}}
+  assert slow['autotune_picks_that_differ'] == {'differ': 1, 'compared': 2}
+  assert 'kernel_classes_that_differ' not in spread['processes'][
+      'this process']
+  # Where no GPU wrote picks, and no profile was asked for, it says so.
+  bare = repeats.summarize([('a', {'images_per_sec': 100.0}, ''),
+                            ('b', {'images_per_sec': 50.0}, ''),
+                            ('c', {'failed': 'exit 1: boom'}, '')])
+  assert bare['processes']['c'] == {'failed': 'exit 1: boom'}
+  assert bare['processes']['b']['kernel_classes_that_differ'] == (
+      'no profile to compare: ask for stage g')
+  assert bare['processes']['b']['autotune_picks_that_differ'].startswith(
+      'no autotuner results written')

@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from pipeline.backends.jax import probe_stages
+from pipeline.probe import stages as probe_stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +98,11 @@ def measure(probe, setup_class, baseline, variant, with_profile):
   return figures
 
 
-def in_own_process(variant, command, budget_s, out_dir):
-  """Runs `command` (launch.probe's, stage (a) alone, its --out `out_dir`)
-  with the variant's XLA flags added to XLA_FLAGS and its keys and policy as
-  flags; stage (a)'s figures, or {'failed': why}."""
+def in_own_process(variant, command, budget_s, out_dir, with_profile=False):
+  """Runs `command` (launch.probe's, stage (a) alone, and (g) where
+  `with_profile`, its --out `out_dir`) with the variant's XLA flags added
+  to XLA_FLAGS and its keys and policy as flags; stage (a)'s figures (with
+  (g)'s as 'profile'), or {'failed': why}."""
   env = dict(os.environ)
   env['XLA_FLAGS'] = ' '.join(filter(None, (env.get('XLA_FLAGS'),
                                             *variant.xla_flags)))
@@ -110,7 +111,8 @@ def in_own_process(variant, command, budget_s, out_dir):
     flags.append(f'--policy={variant.policy}')
   try:
     done = subprocess.run(
-        [sys.executable, '-m', 'launch.probe', *command, '--stages=a',
+        [sys.executable, '-m', 'launch.probe', *command,
+         '--stages=ag' if with_profile else '--stages=a',
          f'--out={out_dir}', f'--budget_s={int(budget_s)}', *flags],
         env=env, capture_output=True, text=True, timeout=budget_s + 30,
         check=False)
@@ -118,11 +120,15 @@ def in_own_process(variant, command, budget_s, out_dir):
     return {'failed': f'its process outlasted {budget_s:.0f} s'}
   try:
     with open(os.path.join(out_dir, 'probe.json'), encoding='utf-8') as f:
-      figures = json.load(f)['stages']['a_device_rate']
+      stages = json.load(f)['stages']
+    figures = stages['a_device_rate']
   except (OSError, ValueError, KeyError):
     tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
     return {'failed': f'exit {done.returncode}: {" ".join(tail)[:300]}'}
-  figures['xla_flags'] = ' '.join(variant.xla_flags)
+  if 'g_profile' in stages:
+    figures['profile'] = stages['g_profile']
+  if variant.xla_flags:
+    figures['xla_flags'] = ' '.join(variant.xla_flags)
   return figures
 
 

@@ -21,7 +21,7 @@ run cut off still returns what it measured):
      kernel class, kernels and idle time per step, bytes moved per image
      against the device's bandwidth (step_profile.py)
 
-Then the variants (probe_variants.py): the same step with some config
+Then the variants (variants.py): the same step with some config
 keys, the policy or XLA's flags changed, each timed beside (a)'s step
 re-timed just before it, and profiled too where (g) is asked for.
 
@@ -41,13 +41,15 @@ import numpy as np
 from pipeline.backends.jax import ema as ema_lib
 from pipeline.backends.jax import mesh
 from pipeline.backends.jax import programs
-from pipeline.backends.jax import probe_stages
-from pipeline.backends.jax import probe_variants
+from pipeline.probe import repeats as repeats_lib
+from pipeline.probe import stages as probe_stages
+from pipeline.probe import variants as probe_variants
 from pipeline.backends.jax import JaxBackend
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
 from pipeline.recipe import objective
 from pipeline.rules.speed import saved_policy
+from pipeline.rules.speed import saved_rate
 
 STAGES = 'abcdefg'
 # The variants' policies: what a run on an accelerator may train under.
@@ -61,25 +63,34 @@ def parse_variants(texts, config):
 
 
 def run_all(config, num_classes, slots, executions, budget_s, save, out_dir,
-            stages, policy, variants, own_process_flags):
-  """The probe: variants with XLA flags first, each in its own process
+            stages, policy, variants, own_process_flags, repeats=1):
+  """The probe: the `repeats` - 1 fresh processes of stage (a) and the
+  variants with XLA flags first, each in its own process
   (`own_process_flags`: launch.probe's flags for it) before this one takes
-  the devices; then `stages` and the other variants here. Returns the
-  Probe, its figures saved by `save` as each ends."""
+  the devices; then `stages` and the other variants here, and the spread
+  of (a) over this process and the fresh ones. Returns the Probe, its
+  figures saved by `save` as each ends."""
   began = time.perf_counter()
-  apart = {}
   own = [v for v in variants if v.xla_flags]
+  # Each process apart gets an equal share of what the budget then leaves,
+  # this one a share too.
+  share_s = budget_s / (len(own) + repeats)
+  fresh = repeats_lib.in_fresh_processes(
+      repeats - 1, own_process_flags, share_s * (repeats - 1), out_dir,
+      'g' in stages)
+  apart = {}
   for index, variant in enumerate(own):
-    left_s = budget_s - (time.perf_counter() - began)
     apart[variant.name] = probe_variants.in_own_process(
-        variant, own_process_flags, left_s / (len(own) - index + 1),
-        os.path.join(out_dir, f'variant-{index}'))
+        variant, own_process_flags, share_s,
+        os.path.join(out_dir, f'variant-{index}'), 'g' in stages)
     save({'variants': apart}, 'variants', variant.name)
   runner = Probe(config, num_classes, slots, executions,
                  budget_s - (time.perf_counter() - began), save, out_dir)
   print(f'probe: {json.dumps(runner.results["machine"])}', flush=True)
   save(runner.results)
   runner.run(stages, policy, [v for v in variants if not v.xla_flags], apart)
+  if repeats > 1:
+    runner.record_repeats(fresh)
   return runner
 
 
@@ -212,6 +223,24 @@ class Probe:
                                           variant, 'g' in stages))
     return self.results
 
+  def record_repeats(self, fresh):
+    """The spread of (a) over this process and the `fresh` ones
+    (repeats.in_fresh_processes), and which program the other stages
+    timed: this process's."""
+    stages = self.results['stages']
+    this = dict(stages.get('a_device_rate', {}))
+    if 'g_profile' in stages:
+      this['profile'] = stages['g_profile']
+    spread = repeats_lib.summarize(
+        [('this process', this, self.out_dir or ''), *fresh])
+    if 'median_images_per_sec' in spread and self.device_images_per_sec:
+      spread['other_stages_used'] = (
+          f"this process's program: {self.device_images_per_sec:,.1f} "
+          f'img/s, {self.device_images_per_sec / spread["median_images_per_sec"]:.3f}'
+          ' of the median')
+    self.results['repeats'] = spread
+    self.save(self.results, 'repeats')
+
   def _record(self, section, name, compiles, measure, first=False):
     """Runs `measure` unless it would outlast the budget (predicted from
     (a)'s compile time), records its figures under `section` and saves."""
@@ -253,6 +282,30 @@ def save_policy(results):
        'time': time.strftime('%Y-%m-%d %H:%M:%S')},
       machine_['device_kind'], JaxBackend().software())
   return f'saved {fastest["policy"]} as the policy for this GPU in {target}'
+
+
+def save_rate(results, config):
+  """Keeps stage (a)'s rate (the median over --repeats processes) for this
+  card, JAX version and step (rules/speed/saved_rate.py), which a run of
+  the same step on the JAX route is then held to; returns what it did, in
+  a line."""
+  machine_, stages = results['machine'], results['stages']
+  spread = results.get('repeats', {})
+  rate = spread.get('median_images_per_sec') or stages.get(
+      'a_device_rate', {}).get('images_per_sec')
+  if not rate:
+    return 'no rate saved: stage a was not timed'
+  processes = len(spread.get('processes', {})) or 1
+  card = (machine_['device_kind'] if machine_['platform'] == 'gpu'
+          else machine_['platform'].upper())
+  key = saved_rate.step_key(config, machine_['devices'],
+                            stages['a_device_rate']['policy'])
+  target = saved_rate.save(
+      card, JaxBackend().software(), key, rate,
+      f'launch.probe (stage a, median of {processes} processes, '
+      f'{time.strftime("%Y-%m-%d")})' if processes > 1 else
+      f'launch.probe (stage a, one process, {time.strftime("%Y-%m-%d")})')
+  return f'saved {rate:,.1f} img/s as the rate of this step on {card} in {target}'
 
 
 def machine(device):

@@ -12,7 +12,7 @@ import numpy as np
 from pipeline.backends import hlo_cost
 from pipeline.backends.jax import programs
 from pipeline.backends.jax import staging as staging_lib
-from pipeline.backends.jax import step_profile
+from pipeline.probe import step_profile
 from pipeline.backends.jax.programs import on_host
 from pipeline.recipe import models
 from pipeline.recipe import optimizers
