@@ -28,6 +28,7 @@ from pipeline.rules.speed import compile_cache as compile_cache_lib
 from pipeline.rules.machine import hardware as hardware_lib
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import saved_policy
+from pipeline.rules.speed import saved_rate
 from pipeline.rules.speed import step_counts
 from pipeline.rules.config import validation
 from pipeline.storage import workdirs
@@ -68,6 +69,9 @@ class Plan:
   staging_dir: str = ''  # Local files of the run: gs:// copies, DALI's index.
   initial_weights: str = 'random initial weights'  # init_from's, described.
   profile_window: Optional[tuple] = None  # profile_steps: (start, stop).
+  # (images/s, source) launch.probe saved for this card and step, which
+  # the progress lines hold the step to (saved_rate.py); None: none saved.
+  saved_rate: Optional[tuple] = None
 
   @property
   def policy(self):
@@ -168,7 +172,9 @@ class Plan:
         f'{"on" if p.loss_scaling else "off"}',
         f'XLA: {"on" if self.xla else "off"} ({self.xla_reason})'
         + (f'; {self.compile_cache.describe()}'
-           if self.xla and self.compile_cache else ''),
+           if self.xla and self.compile_cache else '')
+        + (f'; the step is held to {self.saved_rate[0]:,.0f} img/s, '
+           f'measured by {self.saved_rate[1]}' if self.saved_rate else ''),
         f'Batch: {self.global_batch_size} global, '
         f'{self.per_replica_batch_size} per replica; '
         f'{self.steps_per_execution} steps per execution '
@@ -267,7 +273,11 @@ def resolve(config, request, hardware=None):
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
       initial_weights=initial_weights,
-      profile_window=validation.profile_window(config.profile_steps))
+      profile_window=validation.profile_window(config.profile_steps),
+      saved_rate=saved_rate.load(
+          hardware.gpu_name or hardware.device_kind, backend.software(),
+          saved_rate.step_key(config, hardware.num_replicas,
+                              resolved_precision.policy)))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   return plan

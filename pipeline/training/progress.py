@@ -10,6 +10,7 @@ bar on terminals.
 from absl import logging
 import tensorflow as tf
 
+from pipeline.rules.speed import saved_rate
 from pipeline.run import console
 
 # Above this fraction of time waiting for input, the run says it is input-bound.
@@ -81,6 +82,9 @@ class ReportProgress:
     self.skipped_records = 0
     self.meter = Meter(plan.global_batch_size)
     self._warned_input_bound = False
+    self.saved_rate = plan.saved_rate
+    self.compile_cache_dir = (plan.compile_cache.directory
+                              if plan.compile_cache else '')
     self._bar = None  # console.live_bar on a terminal.
     self.curve_every = curve_every(plan.total_steps)
 
@@ -150,6 +154,7 @@ class ReportProgress:
           'Input-bound: training waited for data %.0f%% of the time; '
           'see BUILD_NOTES.md "Input pipeline" for what helps.', 100 * wait)
       self._warned_input_bound = True
+    self._check_step_rate(rate, wait)
     with self.writer.as_default(step=execution.step):
       tf.summary.scalar('accuracy', out['accuracy'])
       tf.summary.scalar('learning_rate', lr)
@@ -160,3 +165,14 @@ class ReportProgress:
       if loss_scale is not None:
         tf.summary.scalar('loss_scale', loss_scale)
         tf.summary.scalar('skipped_steps', trainer.skipped_steps)
+
+  def _check_step_rate(self, rate, wait):
+    """Warns once where the step, input waits left out, runs more than
+    saved_rate.SLOW below the rate launch.probe saved for this card."""
+    if not (self.saved_rate and rate and wait is not None and wait < 1):
+      return
+    line = saved_rate.slow_step_line(rate / (1 - wait), self.saved_rate,
+                                     self.compile_cache_dir)
+    if line:
+      logging.warning('%s', line)
+      self.saved_rate = None  # Once.
