@@ -23,6 +23,13 @@ COMPARISON = {'backends': [
     for name, rate in (('tensorflow', 900.0), ('jax', 1150.0))]}
 
 
+def _choose(*args, **kwargs):
+  """backends.choose on a machine whose Python the JAX route runs on (the
+  fast suite's is 3.11, where the JAX route is refused: tested apart)."""
+  kwargs.setdefault('python', (3, 12))
+  return backends.choose(*args, **kwargs)
+
+
 @pytest.mark.parametrize('requested, tpu, installed, attached, expected', [
     # Colab's TPU runtime and TPU7x: no tensorflow-tpu, JAX installed.
     ('auto', 'local', dict(tensorflow_tpu=False, jax=True), False, 'jax'),
@@ -43,7 +50,7 @@ COMPARISON = {'backends': [
 ])
 def test_each_machine_gets_its_backend_and_a_reason(requested, tpu, installed,
                                                      attached, expected):
-  name, reason = backends.choose(requested, tpu, attached=attached, gpus=[],
+  name, reason = _choose(requested, tpu, attached=attached, gpus=[],
                                  **installed)
   assert name == expected
   assert reason and ('--backend' in reason if requested != 'auto'
@@ -51,7 +58,7 @@ def test_each_machine_gets_its_backend_and_a_reason(requested, tpu, installed,
 
 
 def test_auto_on_a_tpu_says_why_it_picked_jax():
-  _, reason = backends.choose('auto', 'local', tensorflow_tpu=False, jax=True,
+  _, reason = _choose('auto', 'local', tensorflow_tpu=False, jax=True,
                              attached=False)
   assert reason == ('--tpu=local and no TensorFlow TPU build is installed '
                     '(tensorflow-tpu); Keras runs on JAX')
@@ -70,7 +77,7 @@ def test_auto_on_a_tpu_says_why_it_picked_jax():
 def test_a_backend_that_cannot_run_is_one_line(requested, tpu, installed,
                                                message):
   with pytest.raises(UserError) as raised:
-    backends.choose(requested, tpu, tensorflow_tpu=False, attached=False,
+    _choose(requested, tpu, tensorflow_tpu=False, attached=False,
                    **installed)
   assert str(raised.value).startswith(message)
   assert '\n' not in str(raised.value)
@@ -131,7 +138,7 @@ def test_auto_on_gpus_takes_the_measured_backend(jax, saved, environ,
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   for name, value in environ.items():
     monkeypatch.setenv(name, value)
-  name, reason = backends.choose('auto', '', tensorflow_tpu=False, jax=jax,
+  name, reason = _choose('auto', '', tensorflow_tpu=False, jax=jax,
                                  attached=False, gpus=[T4], saved=saved)
   assert name == expected and says in reason
 
@@ -141,7 +148,7 @@ def test_a_saved_comparison_decides_the_backend_and_its_policy(tmp_path,
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   record, path = measured.save(COMPARISON, T4, backends.both_software())
   assert record['backend'] == 'jax' and path.startswith(str(tmp_path))
-  name, reason = backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+  name, reason = _choose('auto', '', tensorflow_tpu=False, jax=True,
                                  attached=False, gpus=[T4])
   assert name == 'jax'
   assert reason == ('your measurement saved for this GPU and software: jax '
@@ -151,7 +158,7 @@ def test_a_saved_comparison_decides_the_backend_and_its_policy(tmp_path,
       'mixed_float16', reason)
   assert backends.measured_policy(T4, backends.load('tensorflow')) is None
   # Another GPU model: the rule.
-  assert backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+  assert _choose('auto', '', tensorflow_tpu=False, jax=True,
                          attached=False, gpus=['NVIDIA A100'])[0] == (
                              'tensorflow')
 
@@ -163,7 +170,7 @@ def test_a_damaged_saved_comparison_falls_back_to_the_rule(tmp_path,
   _, path = measured.save(COMPARISON, T4, backends.both_software())
   with open(path, 'w', encoding='utf-8') as f:
     json.dump({'backend': 'jax'}, f)  # A record missing its figures.
-  assert backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+  assert _choose('auto', '', tensorflow_tpu=False, jax=True,
                          attached=False, gpus=[T4])[0] == 'tensorflow'
   assert f'saved backend choice {path} is unreadable' in caplog.text
 
@@ -210,3 +217,45 @@ def test_a_backend_that_fails_in_a_comparison_is_its_rows_one_line():
       'alone here (x))',
       'tensorflow: input as slow as the model: wall time 0.55 x (input + '
       'model); 0.5 overlaps them fully, 1.0 not at all']
+
+
+def test_the_jax_route_is_refused_on_a_python_it_was_not_tested_on():
+  """JAX 0.10, the last release for Python 3.11, is a route no test runs:
+  asked for or chosen there, it is one line."""
+  for requested, tpu in (('jax', ''), ('auto', 'local')):
+    with pytest.raises(UserError) as raised:
+      backends.choose(requested, tpu, tensorflow_tpu=False, jax=True,
+                      attached=False, gpus=[], python=(3, 11))
+    assert str(raised.value) == (
+        'the JAX route runs on Python 3.12 or later (jax 0.11.2, the version '
+        'tested); this is Python 3.11: make the environment with python3.12 '
+        '-m venv and pip install -r requirements-jax.txt, or pass '
+        '--backend=tensorflow')
+  assert backends.choose('auto', '', tensorflow_tpu=False, jax=True,
+                         attached=False, gpus=[], python=(3, 11))[0] == (
+                             'tensorflow')
+
+
+OPEN_MPI_5 = {'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '1',
+              'OMPI_COMM_WORLD_LOCAL_RANK': '1',
+              'OMPI_COMM_WORLD_LOCAL_SIZE': '2'}
+
+
+@pytest.mark.parametrize('gpus', [[], [T4]])
+def test_auto_under_mpirun_picks_the_backend_that_can_join(gpus):
+  """mpirun names no host list, which TensorFlow's workers need: `auto`
+  takes JAX, which joins through it, on GPUs and CPUs alike; TF_CONFIG set
+  by hand keeps TensorFlow; without JAX, TensorFlow (which then says what
+  it lacks)."""
+  name, reason = _choose('auto', '', tensorflow_tpu=False, jax=True,
+                         attached=False, gpus=gpus, environ=OPEN_MPI_5)
+  assert name == 'jax'
+  assert reason == ('Open MPI 5 started 2 processes without naming every '
+                    "host, which TensorFlow's workers need; JAX joins "
+                    'through it')
+  assert _choose('auto', '', tensorflow_tpu=False, jax=True, attached=False,
+                 gpus=gpus, environ=dict(OPEN_MPI_5, TF_CONFIG='{}'),
+                 saved={})[0] == 'tensorflow'
+  assert _choose('auto', '', tensorflow_tpu=False, jax=False,
+                 attached=False, gpus=gpus,
+                 environ=OPEN_MPI_5)[0] == 'tensorflow'

@@ -345,3 +345,53 @@ def test_processes_named_by_hand_on_loopback_stay_on_one_host():
       'JAX_PROCESS_ID': '1'})
   assert placement.unreachable_host_name(there, 'vm', loopback).startswith(
       "this host's name 'vm' resolves to 127.0.0.1, a loopback address")
+
+
+@pytest.mark.parametrize('visible, driver, kept, why', [
+    # Horovod's and sites' wrapper: CUDA_VISIBLE_DEVICES=$LOCAL_RANK, one
+    # GPU each for the host's two ranks (too few to share: its own).
+    ('1', 0, ('1',), "its own, by CUDA_VISIBLE_DEVICES per process under "
+     "Open MPI 5 (1 for each of the host's 2 processes)"),
+    # A disjoint pair each of the host's four: its own, as nvidia-smi counts.
+    ('2,3', 4, ('2', '3'), "its own, by CUDA_VISIBLE_DEVICES per process "
+     "under Open MPI 5 (2 for each of the host's 2 processes)"),
+    # Every rank shown all four: an equal share by local rank.
+    ('0,1,2,3', 4, ('2', '3'), 'its share of 4, by local rank 1 of 2: Open '
+     'MPI 5 binds no GPUs'),
+])
+def test_mpirun_ranks_given_their_own_gpus_keep_them(visible, driver, kept,
+                                                      why):
+  second = cluster_lib.from_environment({
+      'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '1',
+      'OMPI_COMM_WORLD_LOCAL_RANK': '1', 'OMPI_COMM_WORLD_LOCAL_SIZE': '2'})
+  found = placement.bind(second, {'CUDA_VISIBLE_DEVICES': visible}, driver)
+  assert (found.entries, found.why) == (kept, why)
+
+
+def test_a_process_left_too_few_cores_is_one_line_with_its_engines_fix():
+  mpi = cluster_lib.from_environment({
+      'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '0',
+      'OMPI_COMM_WORLD_LOCAL_RANK': '0', 'OMPI_COMM_WORLD_LOCAL_SIZE': '1'})
+  assert placement.starved_cpus(mpi, 1, 64) == (
+      "this process may run on 1 of its host's 64 cores (its CPU affinity), "
+      'fewer than its share of 64 for 1 process(es) a host: the input '
+      'pipeline gets too few and the accelerators wait; start mpirun with '
+      '--bind-to none, or give each process its cores (--map-by '
+      'ppr:1:node:PE=64)')
+  assert placement.starved_cpus(mpi, 64, 64) is None
+  slurm = cluster_lib.from_environment(SLURM)  # Two tasks a node.
+  assert placement.starved_cpus(slurm, 32, 64) is None
+  assert placement.starved_cpus(slurm, 8, 64).endswith(
+      'give each task its cores (srun --cpus-per-task=32)')
+  assert placement.starved_cpus(None, 2, 2) is None
+
+
+def test_a_join_short_of_the_engines_count_is_one_line():
+  found = cluster_lib.from_environment({
+      'OMPI_COMM_WORLD_SIZE': '8', 'OMPI_COMM_WORLD_RANK': '3',
+      'OMPI_COMM_WORLD_LOCAL_RANK': '3', 'OMPI_COMM_WORLD_LOCAL_SIZE': '8'})
+  assert cluster_lib.joined_problem(found, 8) is None
+  assert cluster_lib.joined_problem(found, 1).startswith(
+      'Open MPI 5 started 8 processes, but 1 joined the run: mpi4py asked an '
+      'MPI library other than the mpirun that started them')
+  assert cluster_lib.joined_problem(None, 1) is None

@@ -85,3 +85,78 @@ def test_open_mpi_5_without_mpi4py_is_one_line(monkeypatch):
                      r'can read without mpi4py, which asks MPI itself: pip '
                      r'install -r requirements-jax.txt'):
     devices._join_hosts(found, None)  # pylint: disable=protected-access
+
+
+def _dry_run(tfds_dir, tmp_path):
+  return [sys.executable, '-m', 'launch.train', '--dry_run', '--allow_cpu',
+          f'--workdir={tmp_path / "run"}', f'--config.data_dir={tfds_dir}',
+          '--config.model=efficientnet_tiny']
+
+
+def test_ranks_given_their_own_gpu_by_a_wrapper_start(tfds_dir, tmp_path):
+  """`mpirun -np 2` with Horovod's per-rank wrapper
+  (CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK) on a host whose
+  driver lists two GPUs (a stand-in nvidia-smi; no GPU here, so JAX trains
+  on the CPU: --allow_cpu): each rank keeps its own GPU and says so."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  (bin_dir / 'nvidia-smi').write_text(
+      '#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n'
+      'echo "GPU 1: NVIDIA H200 (UUID: GPU-1)"\n')
+  (bin_dir / 'nvidia-smi').chmod(0o755)
+  env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+  env.pop('KERAS_BACKEND', None)  # --backend=auto picks what can join.
+  result = subprocess.run(
+      [_mpirun('5'), '--allow-run-as-root', '--oversubscribe',
+       '--bind-to', 'none', '-np', '2', 'sh', '-c',
+       'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$@"', 'sh',
+       *_dry_run(tfds_dir, tmp_path)],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+      check=False)
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  assert ('Backend: jax (Open MPI 5 started 2 processes without naming '
+          "every host, which TensorFlow's workers need; JAX joins through "
+          'it)') in output
+  for rank in (0, 1):
+    assert (f'GPUs {rank} (its own, by CUDA_VISIBLE_DEVICES per process '
+            "under Open MPI 5 (1 for each of the host's 2 processes); "
+            f'CUDA_VISIBLE_DEVICES={rank})') in output, output[-3000:]
+  assert 'may run on' not in output  # --bind-to none: every core.
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason='needs a host of 2 cores')
+def test_mpiruns_default_binding_to_one_core_is_one_line(tfds_dir, tmp_path):
+  """mpirun binds a process to one core by default where it starts two or
+  fewer: the run says so at start, with the fix."""
+  result = subprocess.run(
+      [_mpirun('5'), '--allow-run-as-root', '-np', '1',
+       *_dry_run(tfds_dir, tmp_path), '--backend=jax'],
+      cwd=REPO, env=dict(os.environ), capture_output=True, text=True,
+      timeout=300, check=False)
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  cores = os.cpu_count()
+  assert (f"this process may run on 1 of its host's {cores} cores (its CPU "
+          f'affinity), fewer than its share of {cores} for 1 process(es) a '
+          'host: the input pipeline gets too few and the accelerators wait; '
+          'start mpirun with --bind-to none, or give each process its cores '
+          f'(--map-by ppr:1:node:PE={cores})') in output, output[-3000:]
+
+
+def test_a_join_short_of_mpiruns_count_stops_in_one_line(tfds_dir,
+                                                         tmp_path):
+  """Open MPI 5's variables for two ranks, but mpi4py's MPI sees one
+  process (started without that mpirun, as where mpi4py loads another
+  MPI): JAX joins one, and the run stops in one line instead of training
+  alone as 'process 0'."""
+  env = dict(os.environ, OMPI_COMM_WORLD_SIZE='2', OMPI_COMM_WORLD_RANK='0',
+             OMPI_COMM_WORLD_LOCAL_RANK='0', OMPI_COMM_WORLD_LOCAL_SIZE='2')
+  result = subprocess.run([*_dry_run(tfds_dir, tmp_path), '--backend=jax'],
+                          cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      'error: Open MPI 5 started 2 processes, but 1 joined the run: mpi4py '
+      'asked an MPI library other than the mpirun that started them')
+  assert 'Traceback' not in result.stderr

@@ -105,7 +105,21 @@ def test_the_probe_measures_every_stage_on_this_cpu(tmp_path):
   f = stages['f_keras_fit']
   assert f['model'] == 'keras.applications efficientnetb0'
   assert f['policy'] == 'mixed_bfloat16' and f['images_per_sec'] > 0
-  assert f['this_projects_step_against_it'] > 0
+  # The peer's two timed epochs and (a)'s step timed before, between and
+  # after them; each ratio from those rates (rounded to 0.1 and 0.001).
+  peer = f['images_per_sec_each_epoch']
+  assert len(peer) == 2 and f['images_per_sec'] == pytest.approx(
+      sum(peer) / 2, abs=0.1)
+  ours = f['this_projects_step_alternating']
+  assert len(ours) == 3
+  host_fed = b['one_program_per_step']['images_per_sec']
+  for ratio, mine in ((f['this_projects_step_against_it'], sum(ours) / 3),
+                      (f['this_projects_host_fed_step_against_it'],
+                       host_fed)):
+    # Rates are printed to 0.1 image/s (0.05 either way), ratios to 0.001.
+    expected = mine / f['images_per_sec']
+    assert ratio == pytest.approx(expected, abs=expected * (
+        0.05 / mine + 0.05 / f['images_per_sec']) + 5e-4)
   g = stages['g_profile']
   assert g['timed_on'].startswith('host threads running XLA:CPU thunks')
   assert g['steps_traced'] == 2 * 2 and g['unattributed_ms_per_step'] == 0

@@ -369,6 +369,64 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
                       'CUDA_VISIBLE_DEVICES=0,1,2,3)') == 2, output[-3000:]
 
 
+def test_a_job_array_is_refused_in_one_line(slurm, tfds_dir, tmp_path):
+  """Every element of an array would train the same --workdir (and
+  requeue one another): the script refuses before any step starts."""
+  log = tmp_path / 'array-%a.out'
+  subprocess.run(
+      ['sbatch', '--parsable', '--wait', '--array=0-1', '--gpus-per-node=0',
+       f'--output={log}', os.path.join(REPO, 'launch', 'train.sbatch'),
+       *_train_args(tmp_path / 'run', tfds_dir, 1)],
+      cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=300,
+      check=False)
+  for element in (0, 1):
+    output = (tmp_path / f'array-{element}.out').read_text()
+    assert re.fullmatch(
+        r'train\.sbatch: error: job \d+ is an array \(--array\): every '
+        r'element would train the same --workdir; submit one job per run\n',
+        output), output
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow  # A minute or two: CI's slow tier.
+@pytest.mark.skipif(BACKEND != 'tensorflow', reason='the script is the same '
+                    'on both backends; four JAX processes on two cores take '
+                    'minutes')
+def test_one_process_per_gpu_through_the_script_and_the_requeue_cap(
+    slurm, tfds_dir, tmp_path):
+  """The README's one-process-per-GPU form through the batch script
+  (`--ntasks-per-node=2 --gpus-per-task=1` on the two nodes): four tasks,
+  each on the GPU Slurm bound to it, train one run. With MAX_REQUEUES=0,
+  the time limit's signal (USR1 to the script, as --signal=B:USR1 sends
+  it) stops every task with a committed checkpoint, and the job is not
+  requeued: one line says so."""
+  log = tmp_path / 'job.out'
+  job = subprocess.run(
+      ['sbatch', '--parsable', '--ntasks-per-node=2', '--gpus-per-task=1',
+       '--gpus-per-node=2', f'--output={log}',
+       os.path.join(REPO, 'launch', 'train.sbatch'),
+       *_train_args(tmp_path / 'run', tfds_dir, _ENDLESS)],
+      cwd=tmp_path, env=dict(slurm, MAX_REQUEUES='0'), capture_output=True,
+      text=True, check=True).stdout.strip()
+  running = lambda: bool(_job_state(slurm, job))
+  _wait_for(log, r'step \d+/\d+ \(epoch', running)
+  subprocess.run(['scancel', '--signal=USR1', '--batch', job], env=slurm,
+                 check=True)
+  _wait_until(lambda: not running(), 'the end of the job', timeout=300)
+  output = log.read_text()
+  assert output.count('preempted: SIGTERM: checkpoint of step') == 4, (
+      output[-3000:])
+  for gpu in (0, 1):
+    assert output.count(f'GPUs {gpu} (bound to this task by Slurm: '
+                        f'--gpus-per-task=1; CUDA_VISIBLE_DEVICES={gpu})') == (
+                            2), output[-3000:]
+  assert (f'train.sbatch: not requeued: job {job} was requeued 0 times '
+          '(SLURM_RESTART_COUNT), the cap (MAX_REQUEUES=0); its checkpoint '
+          'is committed: sbatch the same command again to go on') in output
+  assert 'Resuming at step' not in output
+  assert 'Traceback' not in output
+
+
 # Each binding: srun's options for two tasks a node, and each task's GPUs
 # as its own launch.train resolves them, by node and local rank.
 BINDINGS = {

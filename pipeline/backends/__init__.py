@@ -26,8 +26,10 @@ TensorFlow's CPU build still feeding tf.data.
 
 import importlib
 import os
+import sys
 
 from pipeline.errors import UserError
+from pipeline.rules.machine import cluster
 from pipeline.rules.speed import measured
 # What this machine has, read without loading TensorFlow or JAX; the
 # backends call them as backends.installed(...) and so on.
@@ -42,23 +44,28 @@ _chosen = {}
 
 
 def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None,
-           gpus=None, saved=None):
+           gpus=None, saved=None, environ=None, python=None):
   """Returns (backend, reason) for --backend=`requested` and --tpu=`tpu`.
 
   The keyword arguments stand in for what is installed and attached
-  (tests): `gpus` the NVIDIA GPU models, `saved` a measured.load record;
-  None looks. A one-line UserError for an unknown backend, or for JAX asked
-  for or needed and not installed.
+  (tests): `gpus` the NVIDIA GPU models, `saved` a measured.load record,
+  `environ` the process's variables, `python` its version; None looks. A
+  one-line UserError for an unknown backend, or for the JAX route asked
+  for or needed where it cannot run (no JAX, or an untested Python).
   """
-  tensorflow_tpu = (bool(installed('tensorflow-tpu')) if tensorflow_tpu is None
-                    else tensorflow_tpu)
-  jax = jax_installed() if jax is None else jax
   if requested not in BACKENDS:
     raise UserError(f'--backend={requested} is not a backend; accepted: '
                     f'{", ".join(BACKENDS)}')
-  if requested == 'jax' and not jax:
-    raise UserError(f'--backend=jax needs JAX, which is not installed; '
-                    f'pip install -r {JAX_REQUIREMENTS}')
+  jax = jax_installed() if jax is None else jax
+  name, reason = _choose(requested, tpu, tensorflow_tpu, jax, attached, gpus,
+                         saved, os.environ if environ is None else environ)
+  if name == 'jax':
+    _check_jax_route(jax, python)
+  return name, reason
+
+
+def _choose(requested, tpu, tensorflow_tpu, jax, attached, gpus, saved,
+            environ):
   if requested == 'jax' and tpu and tpu != 'local':
     raise UserError(f'--backend=jax cannot drive a TPU Node (--tpu={tpu}); '
                     'JAX runs on the TPU VM itself: --tpu=local there')
@@ -67,13 +74,21 @@ def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None,
   if tpu and tpu != 'local':
     return 'tensorflow', ('a TPU Node (--tpu=NAME or grpc://) is driven by '
                           "TensorFlow's TPU build")
+  engine = cluster.from_environment(environ)
+  if (engine and engine.num_processes > 1 and not engine.lists_hosts and jax
+      and not environ.get('TF_CONFIG')):
+    return 'jax', (f'{engine.engine} started {engine.num_processes} '
+                   "processes without naming every host, which TensorFlow's "
+                   'workers need; JAX joins through it')
   attached = tpu_attached() if attached is None else attached
   if not tpu and not attached:
     gpus = gpu_models() if gpus is None else gpus
     if gpus:
-      return _on_gpus(gpus[0], jax, saved)
+      return _on_gpus(gpus[0], jax, saved, environ)
     return 'tensorflow', 'no TPU: TensorFlow drives CPUs and GPUs'
   where = '--tpu=local' if tpu else 'a TPU is attached'
+  tensorflow_tpu = (bool(installed('tensorflow-tpu')) if tensorflow_tpu is None
+                    else tensorflow_tpu)
   if tensorflow_tpu:
     return 'tensorflow', f"{where} and TensorFlow's TPU build is installed"
   if not jax:
@@ -84,13 +99,34 @@ def choose(requested, tpu, tensorflow_tpu=None, jax=None, attached=None,
                  '(tensorflow-tpu); Keras runs on JAX')
 
 
-def _on_gpus(gpu_name, jax, saved):
+# The JAX route runs where CI runs it: jax 0.11, which needs Python 3.12.
+JAX_PYTHON = (3, 12)
+
+
+def _check_jax_route(jax, python=None):
+  """A one-line UserError where the JAX route cannot run as tested: no
+  JAX, or a Python older than JAX_PYTHON (jax 0.10, the last for 3.11, is
+  a route no test runs)."""
+  python = python or sys.version_info[:2]
+  if tuple(python) < JAX_PYTHON:
+    raise UserError(
+        f'the JAX route runs on Python {".".join(map(str, JAX_PYTHON))} or '
+        f'later (jax 0.11.2, the version tested); this is Python '
+        f'{".".join(map(str, python))}: make the environment with '
+        f'python3.12 -m venv and pip install -r {JAX_REQUIREMENTS}, or pass '
+        '--backend=tensorflow')
+  if not jax:
+    raise UserError(f'--backend=jax needs JAX, which is not installed; '
+                    f'pip install -r {JAX_REQUIREMENTS}')
+
+
+def _on_gpus(gpu_name, jax, saved, environ):
   """(backend, reason) on a machine with NVIDIA GPUs: the backend the user
   measured faster on this GPU model and software (measured.py), else
   TensorFlow. JAX is not the rule: Keras' own JAX trainer ran B0 1.25x
   faster on an H100 (7,330 against 5,845 img/s, issue 34), but this
   project's JAX loop has not been measured on a GPU."""
-  if os.environ.get('TF_CONFIG'):
+  if environ.get('TF_CONFIG'):
     return 'tensorflow', 'TF_CONFIG joins TensorFlow workers'
   if jax:
     saved = measured.load(gpu_name, both_software()) if saved is None else saved

@@ -165,13 +165,17 @@ def bind_gpus(environ=None, driver_gpus=None):
   found = None if environ.get('TF_CONFIG') else (
       cluster_lib.from_environment(environ))
   if driver_gpus is None:
-    driver_gpus = (0 if placement.VISIBLE in environ else
-                   hardware.nvidia_gpus())
+    # Every GPU of the host, whatever is visible: where several processes
+    # share it, whether each was given its own (placement.bind).
+    driver_gpus = (hardware.nvidia_gpus() if placement.VISIBLE not in environ
+                   or (found and found.local_size > 1) else 0)
   binding = placement.bind(found, environ, driver_gpus)
   if binding and (environ.get(placement.VISIBLE) is not None or
                   len(binding.entries) < driver_gpus):
     environ[placement.VISIBLE] = ','.join(binding.entries)
   placement.keep(binding)
+  placement.keep_cpus(placement.starved_cpus(
+      found, len(os.sched_getaffinity(0)), os.cpu_count() or 1))
   return binding
 
 

@@ -26,6 +26,7 @@ from pipeline.errors import UserError
 from pipeline.rules.config import classes
 from pipeline.rules.speed import compile_cache as compile_cache_lib
 from pipeline.rules.machine import hardware as hardware_lib
+from pipeline.rules.machine import placement
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import saved_policy
 from pipeline.rules.speed import saved_rate
@@ -280,6 +281,8 @@ def resolve(config, request, hardware=None):
                               resolved_precision.policy)))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
+  if placement.cpus_line():
+    logging.warning('%s', placement.cpus_line())
   return plan
 
 

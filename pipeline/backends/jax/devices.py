@@ -247,6 +247,9 @@ def resolve(request):
   cluster = _join_hosts(engine, gpus)
   if cluster:
     _joined_by.append(cluster.joined_by())
+  problem = cluster_lib.joined_problem(engine, jax.process_count())
+  if problem:
+    raise UserError(problem)
   # jax.distributed's preemption notifier has just taken SIGTERM in native
   # code: SIGTERM and Ctrl-C are the run's own (rules/machine/stopping.py).
   stopping.reclaim()

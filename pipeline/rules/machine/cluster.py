@@ -23,7 +23,7 @@ Importable without TensorFlow or JAX: pure functions of the environment.
 
 import dataclasses
 import re
-from typing import Optional
+from typing import ClassVar, Optional
 
 import hostlist
 
@@ -67,6 +67,9 @@ class Cluster:
   # What says how many processes share this host, for a message.
   local_size_from: str = ''
   host: str = ''  # The node this process runs on, where the engine says.
+  # Whether the engine names every process's host (all_hosts), as
+  # TensorFlow's workers need: Slurm does; mpirun, Kubernetes, XPK do not.
+  lists_hosts: ClassVar[bool] = False
 
   def joined_by(self):
     """The engine as a run reports it: 'Slurm (job 7)'."""
@@ -240,6 +243,7 @@ class SlurmCluster(Cluster):
   node_list: str = ''
   tasks_per_node: tuple = ()
   layout: str = 'block'
+  lists_hosts: ClassVar[bool] = True
 
   def all_hosts(self):
     nodes = hostnames(self.node_list)
@@ -293,6 +297,23 @@ def _open_mpi(environ):
       local_size=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_SIZE') or 1,
       jax_detects='ompi' if version == '4' else 'mpi4py',
       local_size_from='OMPI_COMM_WORLD_LOCAL_SIZE')
+
+
+def joined_problem(found, joined):
+  """One line where the framework joined `joined` processes, not the
+  `found` engine's count; None where they agree. Under mpirun this is
+  mpi4py loading another MPI than the mpirun that started the process:
+  every rank then starts alone, as process 0 of 1."""
+  if not found or found.num_processes == joined:
+    return None
+  cause = (': mpi4py asked an MPI library other than the mpirun that '
+           'started them, and each process started alone; run the mpirun '
+           'of the MPI mpi4py was built with (python -m mpi4py --mpi-lib-'
+           'version names it)' if found.jax_detects == 'mpi4py' else
+           ': every host must start the same command with the same '
+           'variables')
+  return (f'{found.engine} started {found.num_processes} processes, but '
+          f'{joined} joined the run{cause}')
 
 
 def expand_counts(text):

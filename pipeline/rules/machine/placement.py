@@ -33,12 +33,14 @@ def bind(cluster, environ, driver_gpus):
   """This process's Binding, or None where it is shown no GPU.
 
   Shown: CUDA_VISIBLE_DEVICES' entries where it is set, else the
-  `driver_gpus` nvidia-smi lists. Kept: all where the process is alone on
-  its host; under Slurm, what its task was given (--gpus-per-task, or the
-  node's GPUs, SLURM_GPUS_ON_NODE, over its tasks), all of them where
-  Slurm bound them to the task, its own by local rank where the node's
-  tasks are shown them all (--gpu-bind=none, or a binding that does not
-  isolate); under other engines an equal share by local rank. A count
+  `driver_gpus` nvidia-smi lists (every GPU of the host; 0 unknown).
+  Kept: all where the process is alone on its host; under Slurm, what its
+  task was given (--gpus-per-task, or the node's GPUs, SLURM_GPUS_ON_NODE,
+  over its tasks), all of them where Slurm bound them to the task, its
+  own by local rank where the node's tasks are shown them all
+  (--gpu-bind=none, or a binding that does not isolate); under other
+  engines all it is shown where CUDA_VISIBLE_DEVICES gave it its own
+  (_given_its_own), else an equal share by local rank. A count
   that fits neither is a one-line UserError naming it. JAX's own rule
   (one GPU per local rank, jax#16788) would leave one process per 8-GPU
   host training on one GPU of eight.
@@ -54,6 +56,11 @@ def bind(cluster, environ, driver_gpus):
                          not cluster.gpus_per_task):
     return _checked_alone(cluster, entries, shown)
   asked, source = _asked(cluster)
+  if asked is None and _given_its_own(cluster, entries, visible,
+                                      driver_gpus):
+    return Binding(entries, f'its own, by {VISIBLE} per process under '
+                   f'{cluster.engine} ({len(entries)} for each of the '
+                   f"host's {cluster.local_size} processes)", shown)
   if asked is None:  # An engine that gives no GPUs: an equal share.
     if len(entries) % cluster.local_size:
       raise UserError(
@@ -78,6 +85,20 @@ def bind(cluster, environ, driver_gpus):
       f'{asked * cluster.local_size} of the {cluster.local_size} tasks on '
       'this node; ask for whole GPUs per task (srun --gpus-per-task=N) or '
       'per node, with a --gpu-bind that isolates them or none')
+
+
+def _given_its_own(cluster, entries, visible, driver_gpus):
+  """Whether a process under an engine that gives no GPUs (mpirun) was
+  given its own by CUDA_VISIBLE_DEVICES per process, as Horovod's and
+  sites' wrappers set it (CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK):
+  set, and too few to share equally among the host's processes, or with
+  its host's other processes as many again no more than the driver lists
+  (nvidia-smi counts every GPU of the host, whatever is visible)."""
+  if visible is None:
+    return False
+  return bool(len(entries) % cluster.local_size or (
+      driver_gpus and len(entries) < driver_gpus and
+      len(entries) * cluster.local_size <= driver_gpus))
 
 
 def _checked_alone(cluster, entries, shown):
@@ -119,6 +140,29 @@ def _share(cluster, entries, each, shown, reason):
                  f'{cluster.local_size}: {reason}', shown)
 
 
+def starved_cpus(cluster, usable, host_cores):
+  """One line where this process may run on fewer of its host's cores
+  (`usable`, its CPU affinity) than its share of `host_cores` over the
+  processes on the host, with the fix for its engine; None otherwise.
+  mpirun binds each process to one core by default where it starts two or
+  fewer (a socket above), which leaves tf.data one core, silently."""
+  processes = cluster.local_size if cluster else 1
+  share = max(host_cores // processes, 1)
+  if usable >= share:
+    return None
+  engine = cluster.engine if cluster else ''
+  fix = ('start mpirun with --bind-to none, or give each process its cores '
+         f'(--map-by ppr:{processes}:node:PE={share})'
+         if engine.startswith('Open MPI') else
+         f'give each task its cores (srun --cpus-per-task={share})'
+         if engine == 'Slurm' else
+         'start it with the CPU affinity of its share (taskset, numactl)')
+  return (f'this process may run on {usable} of its host\'s {host_cores} '
+          f'cores (its CPU affinity), fewer than its share of {share} for '
+          f'{processes} process(es) a host: the input pipeline gets too few '
+          f'and the accelerators wait; {fix}')
+
+
 _bound = []
 
 
@@ -131,6 +175,19 @@ def keep(binding):
 def chosen():
   """The Binding `keep` kept, or None (a process that chose none)."""
   return _bound[0] if _bound else None
+
+
+_cpu_line = []
+
+
+def keep_cpus(line):
+  """Remembers starved_cpus' line for this process (the launchers'
+  environment.prepare found it); the plan warns with it."""
+  _cpu_line[:] = [line] if line else []
+
+
+def cpus_line():
+  return _cpu_line[0] if _cpu_line else None
 
 
 def unreachable_host_name(cluster, hostname, resolve):
