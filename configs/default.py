@@ -9,20 +9,37 @@ overridden on the command line, e.g. --config.epochs=5.
 
 import ml_collections
 
-from pipeline.data import sources
-from pipeline.recipe import schedules
-
 
 def get_config():
   """The default run; other configs import this and change a few fields."""
   config = ml_collections.ConfigDict()
+  _data(config)
+  _recipe(config)
+  _execution(config)
+  return config
 
-  # Data: a source of pipeline/data/sources/ by name (the README's table),
-  # or any tensorflow-datasets image classification name; each source's own
-  # keys (data_dir, train_files, train_csv, ...) and their defaults are
-  # its module's, added here.
+
+def _data(config):
+  """What the run trains on, and how its input is prepared."""
+  # Data: a source of pipeline/data/sources/ by name (docs/configs-and-data.md),
+  # or any tensorflow-datasets image classification name. Each source's own
+  # keys follow (its module says what each means; a test holds every named
+  # part's keys to this file, their one home).
   config.dataset = 'sklearn_digits'
-  _add_keys(config, sources.SOURCES)
+  config.data_dir = ''  # tensorflow-datasets' sets
+  config.train_split = 'train'
+  config.eval_split = ''
+  config.train_files = ''  # tfrecord
+  config.eval_files = ''
+  config.label_offset = 0
+  config.num_train_examples = 0
+  config.num_eval_examples = 0
+  config.train_dir = ''  # image_folder
+  config.eval_dir = ''
+  config.train_csv = ''  # csv
+  config.eval_csv = ''
+  config.num_classes = 0  # tfrecord, image_folder, csv
+  config.eval_fraction = 0.1  # image_folder, csv
   config.image_size = 32
   # 'memory': decoded images where they fit in half the free RAM, else the
   # encoded records (decoded and cropped each epoch); a local file prefix:
@@ -30,7 +47,7 @@ def get_config():
   # decodes (a JPEG's crop window alone is decoded).
   config.cache = 'memory'
   config.shuffle_buffer = 10_000
-  # A transform of pipeline/data/augmentations.py (the README's table). Not
+  # A transform of pipeline/data/augmentations.py (docs/configs-and-data.md). Not
   # a flip here: a mirrored 2 is no 2.
   config.augment = 'translate'
   # Batch-level mixup and CutMix: Beta(alpha, alpha) blends; 0 is off, both
@@ -47,7 +64,10 @@ def get_config():
   # its workers run the training input. '' runs it here.
   config.data_service = ''
 
-  # A network of pipeline/recipe/models/ by name (the README's table).
+
+def _recipe(config):
+  """The network and how it learns."""
+  # A network of pipeline/recipe/models/ by name (docs/configs-and-data.md).
   config.model = 'efficientnet_b0'
   config.dropout_rate = 0.2
   # Stochastic depth, where the network has it (EfficientNet: block i of n
@@ -76,7 +96,8 @@ def get_config():
   config.base_learning_rate = 1e-2
   config.warmup_epochs = 2.0
   config.lr_schedule = 'cosine'
-  _add_keys(config, schedules.SCHEDULES)
+  config.lr_decay_rate = 0.97  # exponential
+  config.lr_decay_epochs = 2.4
   config.weight_decay = 0.05  # Decoupled (the optimizer's), not in the loss.
   config.l2_weight_decay = 0.0  # l2 * sum(w^2) / 2 in the loss instead.
   config.label_smoothing = 0.1
@@ -98,6 +119,9 @@ def get_config():
   # Train the head alone (backbone frozen) for this many epochs first.
   config.freeze_backbone_epochs = 0.0
 
+
+def _execution(config):
+  """How the run executes, what it keeps, and when it recovers."""
   # Execution. Steps per compiled call: fewer host round trips. 0 picks one
   # for the device: 100 on TPU, 8 on CPU and GPU, fewer where 1 GiB of
   # staged input per device holds fewer (pipeline/rules/speed/step_counts.py).
@@ -126,10 +150,3 @@ def get_config():
   # skipped, rolls back to the newest checkpoint, at most this many times.
   config.recovery_max_trials = 3
   config.recovery_max_skipped_executions = 5
-  return config
-
-
-def _add_keys(config, table):
-  """Each part of `table`'s own config keys, at their defaults."""
-  for name, key in table.keys().items():
-    config[name] = key.default

@@ -32,11 +32,9 @@ from pipeline.run import environment
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 
 from launch import cli
-from pipeline.run import console
 from pipeline.reports import benchmark
 from pipeline.reports import benchmark_report
 from pipeline.data import dali
@@ -84,61 +82,67 @@ _TARGET = flags.DEFINE_float(
     'one A100): says whether this input feeds it, and how many cores would.')
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  console.setup()  # Own lines and warnings; other libraries' INFO kept out.
-  config = cli.load_config()
-  try:
-    request = cli.request(config, workdir_default=False)
-    if _BACKENDS.value:
-      gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value, _BACKENDS.value)
-      result = benchmark.across_backends(_BACKENDS.value, _child_args())
-      text = benchmark_report.backends_table(result)
-      failed = benchmark.failed_backends(result)
-      if gpu and not failed:
-        text += '\n' + saved_measurements.save_backends(result, gpu)
-    elif _POLICIES.value:
-      hardware = plan.find_hardware(request)
-      if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
-        raise UserError('--save_policy keeps a policy for a GPU model; this '
-                        f'machine trains on {hardware.device_kind}')
-      result = benchmark.sweep(config, request, _POLICIES.value,
-                               _XLA_SETTINGS.value, _EXECUTIONS.value,
-                               hardware)
-      text = benchmark_report.sweep_table(result)
-      if _SAVE_POLICY.value:
-        text += '\n' + saved_measurements.save_sweep(result)
-    else:
-      resolved = plan.resolve(config, request)
-      gpu = resolved.hardware.gpu_name
-      if _SAVE_POLICY.value and not (_INPUT_ONLY.value and gpu):
-        raise UserError('--save_policy keeps what was measured fastest on a '
-                        'GPU model: with --policies, --backends, or '
-                        '--input_only (the input pipelines) on a GPU')
-      result = benchmark.run(resolved, _EXECUTIONS.value,
-                             _INPUT_ONLY.value, _TARGET.value)
-      text = benchmark_report.table(result)
-      if _SAVE_POLICY.value:
-        rates = result.get('pipelines_images_per_sec', {})
-        if dali.DALI not in rates:
-          raise UserError('--save_policy --input_only compares tf.data with '
-                          'DALI on TFRecord files (--config.dataset=tfrecord) '
-                          f'where DALI is installed; {dali.INSTALL}')
-        text += (f'\nkept for --config.input_pipeline=auto on {gpu}: '
-                 f'{dali.save_rates(gpu, rates)}')
-  except UserError as e:
-    sys.exit(f'error: {e}')
+def main(config):
+  request = cli.request(config, workdir_default=False)
+  failed = ()
+  if _BACKENDS.value:
+    gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value,
+                                             _BACKENDS.value)
+    result = benchmark.across_backends(_BACKENDS.value, _child_args())
+    text = benchmark_report.backends_table(result)
+    failed = benchmark.failed_backends(result)
+    if gpu and not failed:
+      text += '\n' + saved_measurements.save_backends(result, gpu)
+  elif _POLICIES.value:
+    result, text = _sweep(config, request)
+  else:
+    result, text = _one_run(config, request)
   print(text)
   output = _OUTPUT.value or os.path.join(
       'runs', time.strftime('benchmark-%Y%m%d-%H%M%S.json'))
   os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
   workdirs.write_json(output, result)
   print(f'written to {output}')
-  if _BACKENDS.value and failed:
-    sys.exit(f'error: the benchmark failed on --backend={",".join(failed)}'
-             ' (its row above says why)'
-             + ('; no backend was saved' if _SAVE_POLICY.value else ''))
+  if failed:
+    raise UserError(f'the benchmark failed on --backend={",".join(failed)} '
+                    '(its row above says why)'
+                    + ('; no backend was saved' if _SAVE_POLICY.value else ''))
+
+
+def _sweep(config, request):
+  """--policies: each policy and XLA setting on a synthetic batch."""
+  hardware = plan.find_hardware(request)
+  if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
+    raise UserError('--save_policy keeps a policy for a GPU model; this '
+                    f'machine trains on {hardware.device_kind}')
+  result = benchmark.sweep(config, request, _POLICIES.value,
+                           _XLA_SETTINGS.value, _EXECUTIONS.value, hardware)
+  text = benchmark_report.sweep_table(result)
+  if _SAVE_POLICY.value:
+    text += '\n' + saved_measurements.save_sweep(result)
+  return result, text
+
+
+def _one_run(config, request):
+  """The input, the model's ceiling and real training of one config."""
+  resolved = plan.resolve(config, request)
+  gpu = resolved.hardware.gpu_name
+  if _SAVE_POLICY.value and not (_INPUT_ONLY.value and gpu):
+    raise UserError('--save_policy keeps what was measured fastest on a '
+                    'GPU model: with --policies, --backends, or '
+                    '--input_only (the input pipelines) on a GPU')
+  result = benchmark.run(resolved, _EXECUTIONS.value, _INPUT_ONLY.value,
+                         _TARGET.value)
+  text = benchmark_report.table(result)
+  if _SAVE_POLICY.value:
+    rates = result.get('pipelines_images_per_sec', {})
+    if dali.DALI not in rates:
+      raise UserError('--save_policy --input_only compares tf.data with '
+                      'DALI on TFRecord files (--config.dataset=tfrecord) '
+                      f'where DALI is installed; {dali.INSTALL}')
+    text += (f'\nkept for --config.input_pipeline=auto on {gpu}: '
+             f'{dali.save_rates(gpu, rates)}')
+  return result, text
 
 
 def _child_args():
@@ -151,4 +155,4 @@ def _child_args():
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

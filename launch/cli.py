@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from absl import app
 from absl import flags
 import ml_collections
 from ml_collections import config_flags
@@ -19,8 +20,11 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.rules.speed import precision
 from pipeline.rules.config import validation
+from pipeline.errors import Stopped
 from pipeline.errors import UserError
 from pipeline.errors import first_line
+from pipeline.rules.machine import stopping
+from pipeline.run import console
 from pipeline.rules.config import request as request_lib
 
 
@@ -190,6 +194,30 @@ def define_policy_list(name, default, help_text, required=True,
                              f'{accepted}.', flag_values=flag_values)
   flags.register_validator(name, check, flag_values=flag_values)
   return holder
+
+
+def run(main):
+  """Runs a launcher's `main(config)` as each launcher with a config opens
+  and ends: stray arguments refused, the console set up (the run's own
+  lines and warnings, other libraries' INFO kept out), the config loaded
+  (one line for a file that does not), and a UserError or a stop (SIGTERM,
+  Ctrl-C: whatever was in progress saved) ending the process in one line.
+  `main` returns the exit status (None: 0)."""
+
+  def absl_main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+    console.setup()
+    config = load_config()
+    try:
+      status = main(config)
+    except UserError as e:
+      stopping.exit_with(1, f'error: {e}')
+    except Stopped as e:
+      stopping.exit_after(e)
+    sys.exit(status or 0)
+
+  app.run(absl_main, flags_parser=parse_flags)
 
 
 def load_config():

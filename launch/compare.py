@@ -19,16 +19,12 @@ from pipeline.run import environment
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 import tensorflow as tf
 
 from launch import cli
-from pipeline.reports import compare
-from pipeline.run import console
-from pipeline.rules.machine import stopping
-from pipeline.errors import Stopped
 from pipeline.errors import UserError
+from pipeline.reports import compare
 
 POLICIES = cli.define_policy_list(
     'policies', ['float32', 'mixed_bfloat16'],
@@ -42,33 +38,23 @@ DOUBLE_BATCH_16BIT = flags.DEFINE_bool(
     'the same examples.')
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  console.setup()  # Own lines and warnings; other libraries' INFO kept out.
-  config = cli.load_config()
-  try:
-    if cli.POLICY.present or cli.DRY_RUN.present:
-      raise UserError('launch.compare takes --policies=a,b (not --policy) and '
-                      'has no --dry_run')
-    # The runs are child processes: this one must not take an accelerator.
-    tf.config.set_visible_devices([], 'GPU')
-    request = compare.Request(
-        policies=POLICIES.value,
-        seeds=compare.parse_seeds(SEEDS.value, config.seed),
-        double_batch_16bit=DOUBLE_BATCH_16BIT.value,
-        root=cli.WORKDIR.value or f'runs/compare_{config.model}_'
-        f'{config.dataset}',
-        forwarded_args=cli.config_args() + cli.hardware_args(),
-        command=('python', '-m', 'launch.compare', *sys.argv[1:]))
-    all_ran = compare.run_comparison(request, config)
-  except UserError as e:
-    sys.exit(f'error: {e}')
-  except Stopped as e:  # SIGTERM or Ctrl-C: the run in progress saved.
-    stopping.exit_after(e)
-  if not all_ran:
-    sys.exit(1)
+def main(config):
+  if cli.POLICY.present or cli.DRY_RUN.present:
+    raise UserError('launch.compare takes --policies=a,b (not --policy) and '
+                    'has no --dry_run')
+  # The runs are child processes: this one must not take an accelerator.
+  tf.config.set_visible_devices([], 'GPU')
+  request = compare.Request(
+      policies=POLICIES.value,
+      seeds=compare.parse_seeds(SEEDS.value, config.seed),
+      double_batch_16bit=DOUBLE_BATCH_16BIT.value,
+      root=cli.WORKDIR.value or f'runs/compare_{config.model}_'
+      f'{config.dataset}',
+      forwarded_args=cli.config_args() + cli.hardware_args(),
+      command=('python', '-m', 'launch.compare', *sys.argv[1:]))
+  # A stop (SIGTERM, Ctrl-C) leaves the run in progress saved.
+  return 0 if compare.run_comparison(request, config) else 1
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

@@ -25,17 +25,13 @@ from pipeline.run import environment
 environment.prepare(sys.argv)  # Before TensorFlow loads.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
-from pipeline.run import console
-from pipeline.rules.machine import stopping
+from pipeline.errors import UserError
 from pipeline.reports import evaluation
 from pipeline.run import plan as plan_lib
-from pipeline.errors import Stopped
-from pipeline.errors import UserError
 
 CHECKPOINT = flags.DEFINE_integer(
     'checkpoint', None, 'Step of the committed checkpoint to evaluate; '
@@ -54,45 +50,37 @@ EXPORT = flags.DEFINE_string(
     'on this backend, as launch.train exports (NAME starts with "export-").')
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  console.setup()  # Own lines and warnings; other libraries' INFO kept out.
-  cli.load_config()
-  try:
-    if not cli.WORKDIR.value:
-      raise UserError('--workdir=DIR is required: the run to evaluate')
-    if flags.FLAGS['config'].present:
-      raise UserError("launch.evaluate reads the run's config from its "
-                      'run.json; change fields with --config.KEY=VALUE')
-    config, policy, written_as = evaluation.run_config(
-        cli.WORKDIR.value, cli.STAGING_DIR.value,
-        config_flags.get_override_values(flags.FLAGS['config']))
-    request = dataclasses.replace(cli.request(config), trains=False)
-    if not cli.POLICY.present:
-      request = dataclasses.replace(request, policy=policy)
-    if EXPORT.value:
-      if FOLLOW.value:
-        raise UserError('--export exports one checkpoint: without --follow')
-      evaluation.check_export_name(EXPORT.value)
-    plan = plan_lib.resolve(config, request)
-    evaluator = evaluation.Evaluator(plan, written_as)
+def main(config):
+  del config  # The run's own, from its run.json.
+  if not cli.WORKDIR.value:
+    raise UserError('--workdir=DIR is required: the run to evaluate')
+  if flags.FLAGS['config'].present:
+    raise UserError("launch.evaluate reads the run's config from its "
+                    'run.json; change fields with --config.KEY=VALUE')
+  config, policy, written_as = evaluation.run_config(
+      cli.WORKDIR.value, cli.STAGING_DIR.value,
+      config_flags.get_override_values(flags.FLAGS['config']))
+  request = dataclasses.replace(cli.request(config), trains=False)
+  if not cli.POLICY.present:
+    request = dataclasses.replace(request, policy=policy)
+  if EXPORT.value:
     if FOLLOW.value:
-      reports = evaluator.follow(POLL_S.value, FOLLOW_TIMEOUT_S.value)
-      print(f'followed {plan.workdir.url}: evaluated '
-            f'{len(reports)} checkpoint(s), steps '
-            f'{", ".join(str(r["step"]) for r in reports) or "none"}')
-      return
-    report = evaluator.evaluate(CHECKPOINT.value)
-    exported = EXPORT.value and evaluator.export(EXPORT.value)
-  except UserError as e:
-    sys.exit(f'error: {e}')
-  except Stopped as e:  # SIGTERM or Ctrl-C while following.
-    stopping.exit_after(e)
+      raise UserError('--export exports one checkpoint: without --follow')
+    evaluation.check_export_name(EXPORT.value)
+  plan = plan_lib.resolve(config, request)
+  evaluator = evaluation.Evaluator(plan, written_as)
+  if FOLLOW.value:  # SIGTERM or Ctrl-C ends it between checkpoints.
+    reports = evaluator.follow(POLL_S.value, FOLLOW_TIMEOUT_S.value)
+    print(f'followed {plan.workdir.url}: evaluated {len(reports)} '
+          'checkpoint(s), steps '
+          f'{", ".join(str(r["step"]) for r in reports) or "none"}')
+    return
+  report = evaluator.evaluate(CHECKPOINT.value)
+  exported = EXPORT.value and evaluator.export(EXPORT.value)
   print('\n'.join(evaluation.summary_lines(report)))
   if exported:
     print(f'Exported step {report["step"]} to {exported}')
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

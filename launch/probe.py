@@ -14,7 +14,8 @@
       --variant=--xla_gpu_experimental_enable_conv_fusion=true
 
 Needs JAX, Keras, ml-collections and absl-py, and no TensorFlow: it runs on
-a bare GPU or TPU image with a few wheels (README, "Probe a machine").
+a bare GPU or TPU image with a few wheels (docs/accelerators.md, "Probe a
+machine").
 Writes DIR/probe.json after every stage and variant
 (pipeline/probe/runner.py says what each measures) and prints one
 line for each; one that would not end within --budget_s is skipped with

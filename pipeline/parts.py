@@ -2,38 +2,36 @@
 learning-rate schedule is one object, registered in its kind's Table.
 
 A part carries its name (what a config names it by: config.dataset,
-config.augment, config.model, config.optimizer, config.lr_schedule), a
-one-line description, its own config keys with their defaults and one-line
-descriptions, and its checks. The rest of a run asks the part itself
-(a source for the files its workers read, a model family for its
-published weights), never compares its name. configs/default.py takes
-each part's keys from the tables, validation checks a config against
-them, every error lists the names they hold, and the README's tables of
-names are tested against them: a description cannot drift. As timm's
-model registry and big_vision's registry find a model or an optimizer by
-name.
-
-Imports nothing heavy: a table is read to write the default config, in
-processes that have no TensorFlow (the probe's).
+config.augment, config.model, config.optimizer, config.lr_schedule,
+config.batch_norm, config.squeeze_excite, config.depthwise), a one-line
+description, its own config keys with one-line descriptions, and its
+checks. The rest of a run asks the part itself (a source for the files
+its workers read, a model family for its published weights), never
+compares its name. Every key's default is in configs/default.py, the one
+home of defaults, which imports nothing of the pipeline (a test holds
+each part's keys to it); validation checks a config against the tables,
+every error lists the names they hold, and docs/configs-and-data.md's
+tables of names
+are tested against them: a description cannot drift. As timm's model
+registry and big_vision's registry find a model or an optimizer by name.
 """
 
 import dataclasses
-from typing import Any
 
 from pipeline.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
 class Key:
-  """One config key a part reads: its default and what it means."""
-  default: Any
+  """One config key a part reads, by what it means (its default is
+  configs/default.py's)."""
   doc: str
 
 
 class Part:
   """A named part; each kind subclasses it with what the run asks of it."""
   name: str
-  description: str  # One line: the README's tables and the config's notes.
+  description: str  # One line: the docs' tables and the config's notes.
   keys = {}  # {config key: Key} that this part alone reads.
 
   def names(self):

@@ -94,15 +94,15 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
                                                     trains, refused,
                                                     tmp_path):
   from configs import default  # pylint: disable=g-import-not-at-top
-  from pipeline.run import plan  # pylint: disable=g-import-not-at-top
+  from pipeline.run import run_workdir  # pylint: disable=g-import-not-at-top
   from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   resolved = {'backend': trained_on} if trained_on else {}
   workdirs.write_json(str(tmp_path / 'run.json'), {
-      'config': {key: config[key] for key in plan.RUN_IDENTITY},
+      'config': {key: config[key] for key in run_workdir.RUN_IDENTITY},
       'resolved': resolved})
   workdir = workdirs.Workdir(str(tmp_path), str(tmp_path / 'staging'))
-  check = lambda: plan._check_same_run(workdir, config,
+  check = lambda: run_workdir.check_same_run(workdir, config,
                                        backends.load(backend_now) if trains
                                        else None)
   if not refused:

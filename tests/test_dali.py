@@ -23,6 +23,7 @@ import tensorflow as tf
 from conftest import run_module, run_train
 from pipeline.data import augmentations
 from pipeline.data import dali
+from pipeline.data import sources
 from pipeline.data import dali_index
 from pipeline.data import decode
 from pipeline.data import tfrecords
@@ -46,6 +47,16 @@ def _config(**overrides):
       eval_files='/data/eval-*'))
   config.update(overrides)
   return config
+
+
+def _choose(config, *args):
+  """dali.choose for `config` with its source as a run loads it: a
+  tfrecord set's files, or another source's (no record files)."""
+  files = ({'train': (config.train_files,), 'eval': (config.eval_files,)}
+           if config.dataset == 'tfrecord' else {})
+  source = sources.Source(config.dataset, 10, 64, 16, None, None,
+                          record_files=files)
+  return dali.choose(config, source, *args)
 
 
 def _png(array):
@@ -87,25 +98,25 @@ def _run(pipeline, batches):
 
 
 def test_tf_data_stays_the_default_and_auto_takes_dali_only_where_measured():
-  assert dali.choose(_config(input_pipeline='tf.data'), 'GPU')[0] == 'tf.data'
-  assert dali.choose(_config(input_pipeline='auto'), 'CPU') == (
+  assert _choose(_config(input_pipeline='tf.data'), 'GPU')[0] == 'tf.data'
+  assert _choose(_config(input_pipeline='auto'), 'CPU') == (
       'tf.data', 'auto: DALI pays on GPUs only (its CPU decoding is slower)')
   if dali.installed():
-    pipeline, reason = dali.choose(_config(input_pipeline='auto'), 'GPU')
+    pipeline, reason = _choose(_config(input_pipeline='auto'), 'GPU')
     assert pipeline == 'tf.data' and '--input_only --save_policy' in reason
-    pipeline, reason = dali.choose(_config(input_pipeline='auto'), 'GPU',
+    pipeline, reason = _choose(_config(input_pipeline='auto'), 'GPU',
                                    {'dali': 9000.0, 'tf.data': 6689.0})
     assert (pipeline, reason) == (
         'dali', 'auto: measured faster on this GPU (dali 9,000, tf.data '
         '6,689 img/s)')
-    assert dali.choose(_config(input_pipeline='auto'), 'GPU',
+    assert _choose(_config(input_pipeline='auto'), 'GPU',
                        {'dali': 5000.0, 'tf.data': 6689.0})[0] == 'tf.data'
     # Measured faster, but this config needs tf.data: it says why.
-    pipeline, reason = dali.choose(
+    pipeline, reason = _choose(
         _config(input_pipeline='auto', mixup_alpha=0.2), 'GPU',
         {'dali': 9000.0, 'tf.data': 6689.0})
     assert pipeline == 'tf.data' and 'mixup and CutMix run in tf.data' in reason
-    assert dali.choose(_config(), 'CPU') == (
+    assert _choose(_config(), 'CPU') == (
         'dali', 'as configured; decoding on the CPU (no GPU)')
 
 
@@ -122,7 +133,7 @@ def test_tf_data_stays_the_default_and_auto_takes_dali_only_where_measured():
 def test_what_dali_cannot_run_is_one_line(overrides, message, monkeypatch):
   monkeypatch.setattr(dali, 'installed', lambda: True)
   with pytest.raises(UserError, match=re.escape(message)):
-    dali.choose(_config(**overrides), 'GPU')
+    _choose(_config(**overrides), 'GPU')
 
 
 def test_without_dali_the_option_names_the_file_to_install(monkeypatch):
@@ -130,8 +141,8 @@ def test_without_dali_the_option_names_the_file_to_install(monkeypatch):
   monkeypatch.setattr(dali, 'installed', lambda: False)
   with pytest.raises(UserError, match=re.escape(
       'DALI is not installed; pip install -r requirements-gpu.txt')):
-    dali.choose(_config(), 'GPU')
-  assert dali.choose(_config(input_pipeline='auto'), 'GPU') == (
+    _choose(_config(), 'GPU')
+  assert _choose(_config(input_pipeline='auto'), 'GPU') == (
       'tf.data', 'auto: DALI is not installed')
 
 
@@ -488,9 +499,11 @@ def test_a_hosts_pipelines_share_its_cores_and_decode_an_execution_ahead(
       train_files=str(path), image_size=224, label_offset=0, augment='none',
       shuffle_buffer=64, deterministic_input=False, seed=0, mixup_alpha=0.0,
       cutmix_alpha=0.0, cache='', data_service=''))
-  digits = types.SimpleNamespace(num_train_examples=16, num_classes=16)
+  digits = types.SimpleNamespace(num_train_examples=16, num_classes=16,
+                                 record_files={'train': (str(path),)},
+                                 label_offset=0)
   depth = lambda batch, steps, shards=1: dali.train_input(
-      config, InputSpec.of(config), digits, batch, str(tmp_path), steps,
+      InputSpec.of(config), digits, batch, str(tmp_path), steps,
       shards).prefetch_depth
   assert depth(256, 8, 8) == 8  # A GPU's share: an execution ahead.
   assert depth(256, 1) == 2  # Never less than DALI's default.

@@ -254,9 +254,8 @@ def test_the_swap_keeps_names_weights_and_every_checkpoint(tmp_path):
   the same."""
   keras.utils.set_random_seed(0)
   ours = models.build_model('efficientnet_tiny', 5, 32)  # Keras' forms.
-  swapped = models.build_model('efficientnet_tiny', 5, 32,
-                               batch_norm='one_pass', squeeze_excite='matmul',
-                               depthwise='shifted')
+  swapped = models.build_model('efficientnet_tiny', 5, 32, forms=dict(
+      batch_norm='one_pass', squeeze_excite='matmul', depthwise='shifted'))
   built = [type(layer) for layer in models.backbone(swapped).layers]
   assert keras.layers.BatchNormalization not in built
   assert keras.layers.DepthwiseConv2D not in built
@@ -290,9 +289,8 @@ def test_a_tensorflow_checkpoint_reads_across_the_forms(tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(0)
   ours = models.build_model('efficientnet_tiny', 5, 32)
-  swapped = models.build_model('efficientnet_tiny', 5, 32,
-                               batch_norm='one_pass', squeeze_excite='matmul',
-                               depthwise='shifted')
+  swapped = models.build_model('efficientnet_tiny', 5, 32, forms=dict(
+      batch_norm='one_pass', squeeze_excite='matmul', depthwise='shifted'))
   for variable in ours.weights:
     variable.assign(variable + 0.01)
   path = tf.train.Checkpoint(model=ours).write(str(tmp_path / 'ckpt'))

@@ -16,10 +16,15 @@ MAX_MODULE_LINES = 350
 MAX_FUNCTION_LINES = 90
 
 
+# The repository's code: its configs below every floor of pipeline/, its
+# launchers above them.
+TOPS = ('configs', 'pipeline', 'launch')
+
+
 def _modules():
-  """{dotted name: path} of every module under pipeline/ and launch/."""
+  """{dotted name: path} of every module of the repository's code."""
   found = {}
-  for top in ('pipeline', 'launch'):
+  for top in TOPS:
     for folder, _, files in os.walk(os.path.join(REPO, top)):
       for name in files:
         if name.endswith('.py'):
@@ -95,6 +100,35 @@ def test_no_import_circle():
     if module not in state:
       visit(module, [module])
   assert not circles
+
+
+def test_data_imports_no_backend_and_calls_none():
+  """data/ makes the input; the loop hands it to the run's backend, as
+  Keras' trainer asks its data adapter for an iterator."""
+  calls = re.compile(r'\bbackends?\b\.|from pipeline(\.backends| import '
+                     r'backends)')
+  found = [f'{module}: {line.strip()}' for module, path in MODULES.items()
+           if module.startswith('pipeline.data')
+           for line in open(path, encoding='utf-8')
+           if calls.search(line) and not line.lstrip().startswith('#')]
+  assert not found
+  assert calls.search('    return plan.backend.distribute(plan.hardware, x)')
+
+
+def test_a_sources_keys_are_read_by_its_module_alone():
+  """A loaded source carries what it read (its record files, label
+  offset, class names): the TFRecord source's keys are read in its module
+  only, so a second record-file source touches its module and its
+  registration."""
+  reads = re.compile(r'(?<![-.\w])config\.(train_files|eval_files|'
+                     r'label_offset|num_train_examples|num_eval_examples)\b')
+  found = [f'{module}: {line.strip()}' for module, path in MODULES.items()
+           if module != 'pipeline.data.sources.tfrecord_files'
+           and not module.startswith('configs')
+           for line in open(path, encoding='utf-8') if reads.search(line)]
+  assert not found
+  assert reads.search('  files = list_files(config.train_files)')
+  assert not reads.search("'--config.train_files=GLOB'")
 
 
 def test_nothing_outside_the_backends_asks_which_backend_runs():
@@ -192,17 +226,26 @@ def test_modules_and_functions_stay_readable(module):
   assert not long
 
 
-# What runs inside the JAX trainer's compiled programs: the step, the
-# moving average, the model, the loss and the learning-rate schedule. A
-# TensorFlow op there fails only when JAX traces it, mid-run
-# (TracerArrayConversionError); keras.ops runs on either backend.
-TRACED_BY_JAX = ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
-                 'pipeline.recipe.models', 'pipeline.recipe.models.family',
-                 'pipeline.recipe.models.efficientnet',
-                 'pipeline.recipe.models.resnet', 'pipeline.recipe.layers',
-                 'pipeline.recipe.objective', 'pipeline.recipe.optimizers',
-                 'pipeline.recipe.schedules',
-                 'pipeline.recipe.moving_average')
+# What runs inside the JAX trainer's compiled programs: the step and the
+# moving average (backends/jax/), the network and the optimizer the step
+# applies, and everything of recipe/ they import, found here from the
+# imports themselves (a new model family
+# is among them as soon as models/ imports it). A TensorFlow op there fails
+# only when JAX traces it, mid-run (TracerArrayConversionError); keras.ops
+# runs on either backend.
+TRACED_ROOTS = ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
+                'pipeline.recipe.models', 'pipeline.recipe.optimizers')
+
+
+def _traced_by_jax():
+  graph = {module: _imports(path) for module, path in MODULES.items()}
+  traced, frontier = set(TRACED_ROOTS), list(TRACED_ROOTS)
+  while frontier:
+    for imported in graph[frontier.pop()]:
+      if imported.startswith('pipeline.recipe') and imported not in traced:
+        traced.add(imported)
+        frontier.append(imported)
+  return traced
 
 
 def _uses_tensorflow(path):
@@ -216,14 +259,14 @@ def _uses_tensorflow(path):
 
 
 def test_nothing_the_jax_programs_trace_calls_tensorflow():
-  found = {m: _uses_tensorflow(MODULES[m]) for m in TRACED_BY_JAX}
+  traced = _traced_by_jax()
+  # Every family, layer form, loss, optimizer and schedule is found.
+  assert {'pipeline.recipe.models.efficientnet', 'pipeline.recipe.models.resnet',
+          'pipeline.recipe.layers', 'pipeline.recipe.objective',
+          'pipeline.recipe.optimizers', 'pipeline.recipe.schedules',
+          'pipeline.recipe.moving_average'} <= traced
+  found = {m: _uses_tensorflow(MODULES[m]) for m in traced}
   assert not {m: lines for m, lines in found.items() if lines}
-  # The list keeps up with what the programs import from training/.
-  traced = set(TRACED_BY_JAX)
-  for module in ('pipeline.backends.jax.programs', 'pipeline.backends.jax.ema',
-                 'pipeline.backends.jax.trainer'):
-    assert {m for m in _imports(MODULES[module])
-            if m.startswith('pipeline.recipe.')} <= traced, module
 
 
 def test_the_tensorflow_check_finds_an_import(tmp_path):
@@ -290,14 +333,16 @@ def test_the_tree_shows_the_roles():
 
 def _room(module):
   """The floor a module stands on: its folder under pipeline/ (errors.py
-  is one), or 'launch'."""
+  is one), or 'configs' or 'launch'."""
   parts = module.split('.')
-  return 'launch' if parts[0] == 'launch' else parts[1]
+  return parts[0] if parts[0] in ('configs', 'launch') else parts[1]
 
 
 def _climbs(graph, floors):
-  """Imports that run up `floors` (bottom first; launch on top)."""
-  order = {room: level for level, room in enumerate((*floors, 'launch'))}
+  """Imports that run up `floors` (bottom first), configs/ below them and
+  launch/ on top."""
+  order = {room: level for level, room in enumerate(
+      ('configs', *floors, 'launch'))}
   return sorted(f'{module} imports {imported}'
                 for module, imports in graph.items() for imported in imports
                 if module != 'pipeline' and imported != 'pipeline'
@@ -314,9 +359,46 @@ def test_every_import_points_down_the_floors():
 def test_the_floor_check_finds_a_climb():
   import pipeline  # pylint: disable=g-import-not-at-top
   graph = {'pipeline.rules.speed.precision': {'pipeline.recipe.optimizers'},
-           'pipeline.recipe.optimizers': {'pipeline.rules.speed.precision'}}
+           'pipeline.recipe.optimizers': {'pipeline.rules.speed.precision'},
+           'configs.default': {'pipeline.recipe.schedules'},
+           'pipeline.rules.config.validation': {'configs.default'}}
   assert _climbs(graph, pipeline.FLOORS) == [
+      'configs.default imports pipeline.recipe.schedules',
       'pipeline.rules.speed.precision imports pipeline.recipe.optimizers']
+
+
+def test_configs_and_validation_load_no_framework():
+  """configs/ stands below every floor (plain values), so validation,
+  which completes every config from configs/default.py, loads no
+  TensorFlow, JAX or Keras."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  loaded = subprocess.run(
+      [sys.executable, '-c',
+       'import sys\nfrom pipeline.rules.config import validation\n'
+       'from configs import imagenet, cifar100_finetune\n'
+       'validation.complete({})\n'
+       "print(sorted({m.split('.')[0] for m in sys.modules} & "
+       "{'tensorflow', 'jax', 'keras'}))"],
+      cwd=REPO, capture_output=True, text=True, check=True).stdout
+  assert loaded.strip() == '[]'
+
+
+def test_every_named_parts_key_has_its_default_in_the_default_config():
+  """Each part's own keys (sources', schedules', ...) are fields of
+  configs/default.py, their one home: a part's key missing there would be
+  refused as unknown."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from pipeline import recipe  # pylint: disable=g-import-not-at-top
+  from pipeline.data import augmentations, sources  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  tables = (sources.SOURCES, augmentations.AUGMENTATIONS, *recipe.tables())
+  assert len(tables) == 8
+  keys = {key for table in tables for key in table.keys()}
+  assert len(keys) >= 16  # The keys were read.
+  assert sorted(keys - set(config)) == []
+  for table in tables:  # And each table's choice of part.
+    assert table[config[table.key]]
 
 
 def _check_members(protocol, implementations):

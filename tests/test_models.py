@@ -1,7 +1,7 @@
 """The model families as registered parts: their names, their published
 weights loaded as Keras builds them (Keras' download stood in by a local
 file, its name checked), ResNet-50 trained, exported and read back by
-launch.predict; and the README's tables of every kind of named part
+launch.predict; and docs/configs-and-data.md's tables of every kind of named part
 against the tables themselves."""
 
 import json
@@ -69,8 +69,8 @@ def test_published_weights_compute_what_keras_imagenet_network_does(
   asked = _publish(name, str(tmp_path), monkeypatch)
   config = default.get_config()
   config.update(model=name, image_size=SIZE, init_from='imagenet')
-  model = models.build_model(name, 10, SIZE, batch_norm='one_pass',
-                             squeeze_excite='matmul')
+  model = models.build_model(name, 10, SIZE, forms=dict(
+      batch_norm='one_pass', squeeze_excite='matmul', depthwise='conv'))
   said = finetune.load_init_from(finetune.FineTuning.of(config), model, (),
                                  str(tmp_path))
   assert said == "backbone from keras.applications' ImageNet weights"
@@ -182,9 +182,13 @@ def test_resnet50_fine_tunes_from_keras_published_weights(tfds_dir,
   assert "backbone from keras.applications' ImageNet weights" in result.stderr
 
 
+# Where the tables of every kind of named part are, for users.
+CONFIGS_PAGE = os.path.join(REPO, 'docs', 'configs-and-data.md')
+
+
 def _readme_table(kind):
-  """The names the README's table of `kind` lists, in order."""
-  text = open(os.path.join(REPO, 'README.md'), encoding='utf-8').read()
+  """The names the docs' table of `kind` lists, in order."""
+  text = open(CONFIGS_PAGE, encoding='utf-8').read()
   table = text.split(f'<!-- named parts: {kind} -->')[1].split('\n\n')[0]
   return [re.findall(r'`([^`]+)`', row.split('|')[1])
           for row in table.splitlines()[3:] if row.startswith('|')]
@@ -194,11 +198,11 @@ def _readme_table(kind):
     sources.SOURCES, augmentations.AUGMENTATIONS, *recipe.tables()],
                          ids=lambda table: table.key)
 def test_the_readme_lists_every_part_as_its_table_does(table):
-  """Each table of named parts has its table in the README, a row per
+  """Each table of named parts has its table in the docs, a row per
   part in the table's order, naming every name the part answers to and
   the keys it adds, with its description."""
   rows = _readme_table(table.key)
-  text = open(os.path.join(REPO, 'README.md'), encoding='utf-8').read()
+  text = open(CONFIGS_PAGE, encoding='utf-8').read()
   section = text.split(f'<!-- named parts: {table.key} -->')[1].split(
       '\n\n')[0]
   assert len(rows) == len(table.parts())

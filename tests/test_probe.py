@@ -23,7 +23,8 @@ COMPUTE_PATH = (
     'pipeline.backends.jax.staging', 'pipeline.backends.jax.ema',
     'pipeline.probe.runner', 'pipeline.probe.stages',
     'pipeline.probe.variants', 'pipeline.probe.repeats',
-    'pipeline.probe.step_profile', 'pipeline.backends.hlo_cost',
+    'pipeline.probe.step_profile', 'pipeline.probe.kernel_times',
+    'pipeline.backends.hlo_cost',
     'pipeline.recipe.models', 'pipeline.recipe.layers',
     'pipeline.recipe.optimizers', 'pipeline.rules.machine.peaks',
     'pipeline.rules.speed.saved_policy', 'pipeline.rules.speed.saved_rate',
@@ -296,11 +297,11 @@ def test_the_profile_names_what_it_could_not_attribute():
   """A kernel whose instruction the compiled program lacks is counted as
   unattributed and named with its time, so a trace that disagrees with
   the program says where."""
-  from pipeline.probe import step_profile  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import kernel_times  # pylint: disable=g-import-not-at-top
   events = [('fusion.1', 'fusion_1', 0, 3_000_000),
             ('fusion.2', 'fusion_2', 3_000_000, 1_000_000),
             ('custom-call.7', 'custom-call.7', 4_000_000, 2_000_000)]
-  figures = step_profile.summarize(
+  figures = kernel_times.summarize(
       events, True, {'fusion.1': 'elementwise fusions',
                      'fusion.2': 'elementwise fusions'}, steps=2)
   assert figures['unattributed_ms_per_step'] == 1.0
@@ -316,7 +317,7 @@ def test_kernels_inside_command_buffers_are_classed_by_their_names():
   name, XLA's sanitised name of its fusion (a '.__N' suffix of a launch
   too), or as a library kernel (cuDNN's, cuBLAS'); the time inside the
   buffers is stated. On a CPU there are none, and the profile says so."""
-  from pipeline.probe import step_profile  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import kernel_times  # pylint: disable=g-import-not-at-top
   classes = {'loop_multiply_fusion.3': 'batch norm, elementwise',
              'input_reduce_fusion': 'batch-norm statistics'}
   events = [('command_buffer_1306', 'loop_multiply_fusion_3', 0, 2_000_000),
@@ -327,16 +328,16 @@ def test_kernels_inside_command_buffers_are_classed_by_their_names():
             ('input_reduce_fusion', 'input_reduce_fusion', 3_500_000,
              500_000),
             ('command_buffer_9', 'mystery_kernel', 4_000_000, 100_000)]
-  figures = step_profile.summarize(events, True, classes, steps=1)
+  figures = kernel_times.summarize(events, True, classes, steps=1)
   by_class = figures['by_class']
   assert by_class['batch norm, elementwise']['ms_per_step'] == 2.0
   assert by_class['batch-norm statistics']['ms_per_step'] == 1.5
-  assert by_class[step_profile.LIBRARY_CLASS]['ms_per_step'] == 0.5
+  assert by_class[kernel_times.LIBRARY_CLASS]['ms_per_step'] == 0.5
   assert figures['unattributed_ops'] == {
       'command_buffer_9 (mystery_kernel)': 0.1}
   assert figures['command_buffers'] == {'kernel_ms_per_step_inside': 3.6,
                                         'share': round(3.6 / 4.1, 4)}
-  on_cpu = step_profile.summarize(events[3:4], False, classes, steps=1)
+  on_cpu = kernel_times.summarize(events[3:4], False, classes, steps=1)
   assert on_cpu['command_buffers'] == 'none: XLA:CPU runs no command buffers'
   assert on_cpu['unattributed_share'] == 0.0
 

@@ -118,8 +118,9 @@ def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
     finetune.load_init_from(finetune.FineTuning.of(config), trainer.model,
                             (), '')  # A weights file.
     trainer.read_back()
-  train = iter(inputs.train_batches(plan))
-  evaluation = iter(inputs.eval_batches(plan))
+  train = iter(plan.backend.distribute(plan.hardware, inputs.train_input(plan)))
+  evaluation = iter(plan.backend.distribute(plan.hardware,
+                                            inputs.eval_input(plan)))
   traced = (_lowered_on_jax if ON_JAX else _traced_on_tensorflow)(
       trainer, train, evaluation)
   assert traced == ['train', 'evaluate'] + (

@@ -394,7 +394,7 @@ def test_a_job_array_is_refused_in_one_line(slurm, tfds_dir, tmp_path):
                     'minutes')
 def test_one_process_per_gpu_through_the_script_and_the_requeue_cap(
     slurm, tfds_dir, tmp_path):
-  """The README's one-process-per-GPU form through the batch script
+  """docs/clusters.md's one-process-per-GPU form through the batch script
   (`--ntasks-per-node=2 --gpus-per-task=1` on the two nodes): four tasks,
   each on the GPU Slurm bound to it, train one run. With MAX_REQUEUES=0,
   the time limit's signal (USR1 to the script, as --signal=B:USR1 sends

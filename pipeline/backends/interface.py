@@ -102,19 +102,17 @@ class Backend(Protocol):
   def build_trainer(self, plan) -> Trainer:
     """Sets the policy and the seed and builds the Trainer."""
 
-  def distribute(self, hardware, input_fn: Callable) -> Iterable:
-    """The batches of `input_fn(tf.distribute.InputContext)` as the
-    trainer takes them (iter() gives a fresh pass)."""
+  def distribute(self, hardware, batches) -> Iterable:
+    """The batches data/ describes (a data.inputs.Input: a tf.data input
+    function of a tf.distribute.InputContext, or DALI's pipelines, decoded
+    on the GPUs where the run has them) as the trainer takes them (iter()
+    gives a fresh pass)."""
 
   def repeated(self, hardware, images, labels,
                delay_s: float = 0.0) -> Iterable:
     """One batch (this host's share, numpy) forever, as the trainer takes
     it: placed on the devices once where the backend can keep it there;
     each handed over `delay_s` seconds late (an input as slow as that)."""
-
-  def distribute_dali(self, hardware, dali_input) -> Iterable:
-    """The batches of a data.dali.Input's pipelines (one per shard) as the
-    trainer takes them, decoded on the GPUs where the run has them."""
 
   def sum_over_workers(self, hardware) -> Callable:
     """A function numpy vector -> the element-wise sum of every worker's,

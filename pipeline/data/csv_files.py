@@ -42,20 +42,9 @@ def splits(config):
   if evaluated:
     return names, {'train': files[:len(train)],
                    'eval': files[len(train):]}, num_classes
-  if not 0 < config.eval_fraction < 1:
-    raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1) '
-                    'without an eval_csv')
-  root = _folder(config.train_csv)
-  parts = {'train': [], 'eval': []}
-  for path, label in files:
-    held = image_folder.held_out(path, root, config.eval_fraction)
-    parts['eval' if held else 'train'].append((path, label))
-  for split, part in parts.items():
-    if not part:
-      raise UserError(f'eval_fraction={config.eval_fraction} leaves no '
-                      f'{split} rows among the {len(files)} of '
-                      f'{config.train_csv!r}; add rows or set eval_csv')
-  return names, parts, num_classes
+  return names, image_folder.hold_out(
+      files, _folder(config.train_csv), config.eval_fraction,
+      f'rows of {config.train_csv!r}'), num_classes
 
 
 def missing(files):

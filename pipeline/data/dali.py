@@ -15,7 +15,7 @@ own pipeline only, in a different order each epoch (a shuffle buffer).
 DALI cannot skip a record it cannot decode (a batch is decoded whole:
 NVIDIA/DALI#3913): the run stops in one line naming the record, found by one
 pass of tf.data over the files (failure_message). Pipelines here import no
-framework; each backend's DALI plugin runs them (Backend.distribute_dali).
+framework; each backend's DALI plugin runs them (Backend.distribute).
 """
 
 import dataclasses
@@ -51,13 +51,14 @@ def installed():
     return False
 
 
-def choose(config, device_kind, saved_rates=None):
+def choose(config, source, device_kind, saved_rates=None):
   """(input pipeline, reason) for --config.input_pipeline=auto|tf.data|dali.
 
   auto takes DALI on GPUs where it is installed and was measured faster on
   this GPU model (`saved_rates`: launch.benchmark --input_only
   --save_policy's images/s per pipeline), tf.data otherwise. An explicit
-  dali is checked here: one line for what it cannot run.
+  dali is checked here against the loaded `source`: one line for what it
+  cannot run.
   """
   requested = config.input_pipeline
   if requested not in ('auto', TF_DATA, DALI):
@@ -66,7 +67,7 @@ def choose(config, device_kind, saved_rates=None):
   if requested == TF_DATA:
     return TF_DATA, 'as configured'
   if requested == DALI:
-    _check(config)
+    _check(config, source)
     return DALI, ('as configured; decoding on the GPU' if device_kind == 'GPU'
                   else 'as configured; decoding on the CPU (no GPU)')
   if device_kind != 'GPU':
@@ -79,10 +80,11 @@ def choose(config, device_kind, saved_rates=None):
   rates = ', '.join(f'{name} {rate:,.0f}' for name, rate in
                     sorted(saved_rates.items()))
   faster = max(saved_rates, key=saved_rates.get)
-  if faster == DALI and not _refusal(config):
+  refusal = _refusal(config, source)
+  if faster == DALI and not refusal:
     return DALI, f'auto: measured faster on this GPU ({rates} img/s)'
   return TF_DATA, (f'auto: measured on this GPU ({rates} img/s)'
-                   + (f'; DALI cannot run this config: {_refusal(config)}'
+                   + (f'; DALI cannot run this config: {refusal}'
                       if faster == DALI else ''))
 
 
@@ -114,9 +116,9 @@ def saved_rates(gpu_name):
     return None
 
 
-def _refusal(config):
-  """Why DALI cannot run `config`, or ''."""
-  if not sources.of(config).record_files:
+def _refusal(config, source):
+  """Why DALI cannot run `config` on its loaded `source`, or ''."""
+  if not source.record_files:
     return ('DALI reads TFRecord files: --config.dataset=tfrecord (write '
             'them with launch.make_tfrecords)')
   if config.mixup_alpha or config.cutmix_alpha:
@@ -124,19 +126,18 @@ def _refusal(config):
             '--config.cutmix_alpha=0, or --config.input_pipeline=tf.data')
   if config.data_service:
     return 'a tf.data service runs tf.data: --config.input_pipeline=tf.data'
-  gcs = [p for p in (config.train_files, config.eval_files)
-         if p.startswith('gs://')]
+  gcs = [p for p in source.all_record_files() if p.startswith('gs://')]
   if gcs:
     return (f'DALI reads local files, not {gcs[0]}: copy them to a local '
             'disk (gcloud storage cp), or --config.input_pipeline=tf.data')
   return ''
 
 
-def _check(config):
+def _check(config, source):
   if not installed():
     raise UserError(f'--config.input_pipeline=dali: DALI is not installed; '
                     f'{INSTALL}')
-  refusal = _refusal(config)
+  refusal = _refusal(config, source)
   if refusal:
     raise UserError(f'--config.input_pipeline=dali: {refusal}')
 
@@ -260,34 +261,31 @@ def shard_size(num_examples, shard_id, num_shards):
 _PREFETCH_BYTES = 2 << 30
 
 
-def train_input(config, spec, source, global_batch_size, staging_dir,
+def train_input(spec, source, global_batch_size, staging_dir,
                 steps_per_execution=1, num_shards=1):
-  """The training split's Input, of the TFRecord files `config` names,
+  """The training split's Input, of the loaded `source`'s TFRecord files,
   prepared as the InputSpec `spec` says: each of `num_shards` pipelines
   decodes one execution ahead (the trainer takes a whole execution's
   batches at once) where _PREFETCH_BYTES holds it, 2 batches at least."""
   per_shard_bytes = (global_batch_size // num_shards) * spec.image_size**2 * 3
   depth = max(2, min(steps_per_execution, _PREFETCH_BYTES // per_shard_bytes))
-  return _input(config, spec, source, global_batch_size, staging_dir, True,
-                depth)
+  return _input(spec, source, global_batch_size, staging_dir, True, depth)
 
 
-def eval_input(config, spec, source, global_batch_size, staging_dir):
-  return _input(config, spec, source, global_batch_size, staging_dir, False)
+def eval_input(spec, source, global_batch_size, staging_dir):
+  return _input(spec, source, global_batch_size, staging_dir, False)
 
 
-def _input(config, spec, source, global_batch_size, staging_dir, training,
+def _input(spec, source, global_batch_size, staging_dir, training,
            prefetch_depth=2):
-  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
-  files = tuple(tfrecords.list_files(config.train_files if training
-                                     else config.eval_files))
+  files = source.record_files['train' if training else 'eval']
   return Input(
       files=files, indices=tuple(dali_index.indices(files, staging_dir)),
       training=training, global_batch_size=global_batch_size,
       num_examples=(source.num_train_examples if training
                     else source.num_eval_examples),
       image_size=spec.image_size, num_classes=source.num_classes,
-      label_offset=config.label_offset, augmentation=spec.augmentation,
+      label_offset=source.label_offset, augmentation=spec.augmentation,
       central_fraction=spec.central_fraction,
       shuffle_buffer=spec.shuffle_buffer, seed=spec.shuffle_seed,
       num_threads=dali_index.cpu_threads(), prefetch_depth=prefetch_depth)
@@ -304,13 +302,6 @@ def throughput(dali_input, batches, on_gpu):
   for _ in range(batches):
     pipeline.run()
   return batches * dali_input.global_batch_size / (time.perf_counter() - start)
-
-
-def input_files(config):
-  """Both splits' files, where a record DALI cannot decode is looked for."""
-  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
-  return tuple(tfrecords.list_files(config.train_files)
-               + tfrecords.list_files(config.eval_files))
 
 
 def check_labels(labels, num_classes, label_offset, files):

@@ -21,6 +21,7 @@ import os
 from google.api_core import exceptions
 import tensorflow as tf
 
+from pipeline.data.sources.source import check_eval_fraction
 from pipeline.errors import UserError
 from pipeline.storage import gcs
 
@@ -121,20 +122,26 @@ def splits(config):
                       f'{config.train_dir!r} has {", ".join(names)}; both '
                       'must hold the same class folders')
     return names, {'train': train, 'eval': evaluated}
-  if not 0 < config.eval_fraction < 1:
-    raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1) '
-                    'without an eval_dir')
-  root = config.train_dir.rstrip('/')
+  return names, hold_out(train, config.train_dir.rstrip('/'),
+                         config.eval_fraction, f'images in {config.train_dir!r}')
+
+
+def hold_out(files, root, fraction, listed):
+  """{'train': files, 'eval': files} of `files` [(path, label)]: a
+  `fraction` of them held out by a hash of each path below `root`
+  (held_out). A one-line UserError where the fraction is no share or
+  leaves a split empty; `listed` says what the files are, for it."""
+  check_eval_fraction(fraction)
   parts = {'train': [], 'eval': []}
-  for path, label in train:
-    parts['eval' if held_out(path, root, config.eval_fraction)
-          else 'train'].append((path, label))
+  for path, label in files:
+    parts['eval' if held_out(path, root, fraction) else 'train'].append(
+        (path, label))
   for split, part in parts.items():
     if not part:
-      raise UserError(f'eval_fraction={config.eval_fraction} leaves no '
-                      f'{split} images among the {len(train)} in '
-                      f'{config.train_dir!r}')
-  return names, parts
+      raise UserError(f'eval_fraction={fraction} leaves no {split} '
+                      f'{listed} among the {len(files)}; change it, or give '
+                      'an eval split')
+  return parts
 
 
 def read_files(files, input_context, shuffle, seed):

@@ -1,6 +1,7 @@
 """The input of a run: tf.data built per worker from a source's records
-(sources.py), or DALI's pipelines (dali.py); train_batches and eval_batches
-give either as the plan's backend takes it.
+(sources/), or DALI's pipelines (dali.py); train_input and eval_input give
+either as an Input, which the run's backend distributes (the loop hands it
+over: data/ calls no backend).
 
 One pipeline serves every source. Each record is decoded to just the window
 the model sees (a JPEG's crop window alone), skipped and counted if it
@@ -13,6 +14,9 @@ where the model casts them. What they take of the config is an InputSpec
 tf.distribute.InputContext, and batches are per replica.
 """
 
+import dataclasses
+from typing import Callable, Optional
+
 import tensorflow as tf
 
 from pipeline.data import augment
@@ -24,27 +28,35 @@ from pipeline.data import decode
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-def train_batches(plan, service_job='train'):
-  """The plan's training batches, through its backend."""
+@dataclasses.dataclass(frozen=True)
+class Input:
+  """A run's batches as data/ makes them, for its backend to distribute
+  (Backend.distribute): a tf.data input function of a
+  tf.distribute.InputContext, or DALI's pipelines (a dali.Input)."""
+  input_fn: Optional[Callable] = None
+  dali_pipelines: Optional[dali.Input] = None
+
+
+def train_input(plan, service_job='train'):
+  """The plan's training batches, as its backend takes them to distribute."""
   if plan.input_pipeline == dali.DALI:
-    return plan.backend.distribute_dali(plan.hardware, dali.train_input(
-        plan.config, plan.input, plan.source, plan.global_batch_size,
+    return Input(dali_pipelines=dali.train_input(
+        plan.input, plan.source, plan.global_batch_size,
         plan.staging_dir, plan.steps_per_execution,
         plan.hardware.num_replicas))
-  return plan.backend.distribute(plan.hardware, train_input_fn(
-      plan.input, plan.source, plan.global_batch_size, plan.cache,
-      service_job))
+  return Input(train_input_fn(plan.input, plan.source, plan.global_batch_size,
+                              plan.cache, service_job))
 
 
-def eval_batches(plan):
-  """The plan's evaluation batches (eval_steps of them), through its
-  backend."""
+def eval_input(plan):
+  """The plan's evaluation batches (eval_steps of them), as its backend
+  takes them to distribute."""
   if plan.input_pipeline == dali.DALI:
-    return plan.backend.distribute_dali(plan.hardware, dali.eval_input(
-        plan.config, plan.input, plan.source, plan.global_batch_size,
+    return Input(dali_pipelines=dali.eval_input(
+        plan.input, plan.source, plan.global_batch_size,
         plan.staging_dir))
-  return plan.backend.distribute(plan.hardware, eval_input_fn(
-      plan.input, plan.source, plan.global_batch_size, plan.cache))
+  return Input(eval_input_fn(plan.input, plan.source, plan.global_batch_size,
+                             plan.cache))
 
 
 def _default_cache(spec):

@@ -66,6 +66,7 @@ def count_records(files):
   damaged from its start): a one-line UserError names it. A file damaged
   further in keeps the records before the damage.
   """
+  files = list(files)  # A tuple would be a structure to tf.data.
   indices = tf.data.Dataset.from_tensor_slices(
       (files, tf.range(len(files), dtype=tf.int64)))
   per_record = indices.interleave(

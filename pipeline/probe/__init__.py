@@ -9,5 +9,7 @@ a part of the backend:
   variants.py      the same step with config keys, the policy or XLA's
                    flags changed, timed against the baseline
   repeats.py       stage (a) in fresh processes: the spread between them
-  step_profile.py  where a compiled step's time goes, by kernel class
+  step_profile.py  a compiled step's instructions in kernel classes, and
+                   the bytes it moves
+  kernel_times.py  a trace's kernels in those classes, per step
 """

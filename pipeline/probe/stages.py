@@ -12,6 +12,7 @@ import numpy as np
 from pipeline.backends import hlo_cost
 from pipeline.backends.jax import programs
 from pipeline.backends.jax import staging as staging_lib
+from pipeline.probe import kernel_times
 from pipeline.probe import step_profile
 from pipeline.backends.jax.programs import on_host
 from pipeline.recipe import models
@@ -222,16 +223,16 @@ def profiled(probe, setup, images_per_sec, trace_dir=None):
     jax.block_until_ready(outputs)
 
   with tempfile.TemporaryDirectory() as scratch:
-    trace = step_profile.trace(run, trace_dir or scratch)
+    trace = kernel_times.trace(run, trace_dir or scratch)
   text = setup.compiled.as_text()
   found = step_profile.instructions(text)
   batch = setup.config.global_batch_size
   devices = probe.strategy.num_replicas_in_sync
   classes = step_profile.classify(found, step_profile.layer_kinds(setup.model),
                                   batch // devices)
-  events, on_device = step_profile.kernel_events(
+  events, on_device = kernel_times.kernel_events(
       trace, step_profile.module_name(text))
-  figures = step_profile.summarize(events, on_device, classes, 2 * probe.slots)
+  figures = kernel_times.summarize(events, on_device, classes, 2 * probe.slots)
   # The compiled program is one device's share of the batch.
   moved = step_profile.bytes_moved(found, classes) * devices / batch
   figures.update(

@@ -205,8 +205,14 @@ def _on_a_pixel(layer):
           tuple(layer.input.shape[1:3]) == (1, 1))
 
 
-def swap(network, batch_norm='one_pass', squeeze_excite='matmul',
-         depthwise='conv'):
+def forms_of(config):
+  """The layer forms `config` names (configs/default.py holds their
+  defaults), as swap takes them."""
+  return {table.key: config[table.key]
+          for table in (BATCH_NORMS, SQUEEZE_EXCITES, DEPTHWISES)}
+
+
+def swap(network, batch_norm, squeeze_excite, depthwise):
   """`network` (a functional Keras model) with its batch norms, 1x1
   convolutions on a 1x1 map and depthwise convolutions replaced by the
   named forms, its weights and layer names kept; `network` itself where

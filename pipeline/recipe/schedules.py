@@ -104,10 +104,10 @@ for _schedule in (
              WarmupExponentialDecay(
                  peak, warmup, max(config.lr_decay_epochs * per_epoch, 1.0),
                  config.lr_decay_rate),
-             keys={'lr_decay_rate': parts.Key(0.97, 'exponential: the rate '
-                                              'kept at each stair'),
-                   'lr_decay_epochs': parts.Key(2.4, 'exponential: epochs '
-                                                'between stairs')}),
+             keys={'lr_decay_rate': parts.Key('exponential: the rate kept '
+                                              'at each stair'),
+                   'lr_decay_epochs': parts.Key('exponential: epochs between '
+                                                'stairs')}),
     Schedule('linear', 'a straight line to 0 at the end',
              lambda config, peak, warmup, total, per_epoch: WarmupLinearDecay(
                  peak, warmup, _decay_steps(warmup, total))),

@@ -24,9 +24,7 @@ import tensorflow as tf
 
 from pipeline.data import dali
 from pipeline.data import inputs
-from pipeline.data import sources
 from pipeline.run import plan as plan_lib
-from pipeline.data import tfrecords
 from pipeline.rules.machine import peaks
 from pipeline.reports import reference_input
 from pipeline.errors import UserError
@@ -106,16 +104,16 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
       'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
       'input_images_per_sec_per_core': warm / cores,
   }
-  if sources.of(config).record_files:
+  if source.record_files:
     # Alternated, as neighbours on a shared machine change both alike.
     logging.info('Ours and the reference preprocessing (tensorflow/tpu) on '
                  'the same files, alternated %d times', _ROUNDS)
-    files = tfrecords.list_files(config.train_files)
+    files = list(source.record_files['train'])
     # DALI beside them where it is installed, decoding where training would.
     on_gpu = plan.hardware.device_kind == 'GPU'
     with_dali = dali.installed()
-    dali_input = with_dali and dali.train_input(config, plan.input, source,
-                                                batch, plan.staging_dir)
+    dali_input = with_dali and dali.train_input(plan.input, source, batch,
+                                                plan.staging_dir)
     ours, reference, dalis = zip(*[
         (input_throughput(plan.input, source, batch, batches,
                           plan.cache)[1],
@@ -154,7 +152,8 @@ def _train_throughputs(plan, executions):
   compile_s, synthetic_rate, synthetic_wait = _synthetic_throughput(
       plan, trainer, executions)
   logging.info('Training on the real input: %d executions', executions)
-  real_iterator = iter(inputs.train_batches(plan))
+  real_iterator = iter(plan.backend.distribute(plan.hardware,
+                                               inputs.train_input(plan)))
   _, seconds, real_wait = _timed_executions(trainer, real_iterator, spe,
                                             executions)
   side_by_side = overlap(plan, trainer, executions, synthetic_rate)

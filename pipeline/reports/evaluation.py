@@ -78,7 +78,8 @@ class Evaluator:
             trainer.checkpoint_files,
             written_as=written_as or plan.backend.checkpoint_format))
     batch = plan.global_batch_size
-    self.dataset = inputs.eval_batches(plan)
+    self.dataset = plan.backend.distribute(plan.hardware,
+                                           inputs.eval_input(plan))
     self.num_steps = inputs.eval_steps(plan.source, batch)
 
   def evaluate(self, step=None):

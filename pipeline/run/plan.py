@@ -32,15 +32,12 @@ from pipeline.rules.speed import saved_policy
 from pipeline.rules.speed import saved_rate
 from pipeline.rules.speed import step_counts
 from pipeline.rules.config import validation
+from pipeline.run import run_workdir
 from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
 from pipeline.recipe import models
-from pipeline.recipe import objective
-
-# Fields that must match for a workdir's checkpoints to be restorable.
-RUN_IDENTITY = ('dataset', 'model', 'image_size')
-
+from pipeline.recipe import objective as objective_lib
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -73,6 +70,12 @@ class Plan:
   # (images/s, source) launch.probe saved for this card and step, which
   # the progress lines hold the step to (saved_rate.py); None: none saved.
   saved_rate: Optional[tuple] = None
+  # The parts each consumer takes: what the step minimises (over the
+  # data's classes), how the input pipelines prepare examples, where the
+  # first weights come from.
+  objective: Optional[objective_lib.Objective] = None
+  input: Optional[input_spec.InputSpec] = None
+  fine_tuning: Optional[finetune.FineTuning] = None
 
   @property
   def policy(self):
@@ -82,18 +85,6 @@ class Plan:
   def global_batch_size(self):
     """The config's: the batch is taken as given, in one place."""
     return self.config.global_batch_size
-
-  @property
-  def objective(self):  # What the step minimises, over the data's classes.
-    return objective.Objective.of(self.config, self.source.num_classes)
-
-  @property
-  def input(self):  # How the input pipelines prepare examples.
-    return input_spec.InputSpec.of(self.config)
-
-  @property
-  def fine_tuning(self):  # Where the first weights come from.
-    return finetune.FineTuning.of(self.config)
 
   @property
   def per_replica_batch_size(self):
@@ -240,9 +231,10 @@ def resolve(config, request, hardware=None):
       config.image_size**2 * 3)
   validation.validate(config, hardware.num_replicas, recipe.tables(),
                       (sources.SOURCES, augmentations.AUGMENTATIONS))
-  workdir, resumed = _open_workdir(config, request, hardware, backend)
+  workdir, resumed = run_workdir.open_workdir(config, request, hardware,
+                                              backend)
   source = sources.load_source(config)
-  tuning = finetune.FineTuning.of(config)
+  tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
   initial_weights = finetune.describe(tuning.init_from)
   if workdir and hardware.is_chief:
     if resumed:
@@ -251,10 +243,10 @@ def resolve(config, request, hardware=None):
       initial_weights = finetune.check_source(
           tuning, source.class_names, request.staging_dir)
   input_pipeline, input_reason = dali.choose(
-      config, hardware.device_kind,
+      config, source, hardware.device_kind,
       dali.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
   cache, cache_reason = (
-      cache_lib.choose(input_spec.InputSpec.of(config), source)
+      cache_lib.choose(spec, source)
       if input_pipeline == dali.TF_DATA else
       ('none', 'DALI decodes every epoch'))
   steps_per_epoch = step_counts.epoch_steps(config.examples_per_epoch,
@@ -278,7 +270,9 @@ def resolve(config, request, hardware=None):
       saved_rate=saved_rate.load(
           hardware.gpu_name or hardware.device_kind, backend.software(),
           saved_rate.step_key(config, hardware.num_replicas,
-                              resolved_precision.policy)))
+                              resolved_precision.policy)),
+      objective=objective_lib.Objective.of(config, source.num_classes),
+      input=spec, fine_tuning=tuning)
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():
@@ -313,46 +307,6 @@ def _compile_cache(config):
         f'on the command line, --config.compile_cache_dir='
         f'{config.compile_cache_dir}')
   return settings
-
-
-def _open_workdir(config, request, hardware, backend):
-  """The run's Workdir, checked (TPU Node paths, writability, identity),
-  and whether it holds this run already (None, False: no workdir)."""
-  if request.workdir is None:
-    return None, False
-  if hardware.tpu_workers_remote:
-    workdirs.check_remote_tpu_paths(config, request.workdir,
-                                    sources.of(config).inputs(config))
-  workdir = workdirs.Workdir(request.workdir, request.staging_dir,
-                            lease_s=request.workdir_lease_s)
-  if hardware.is_chief:
-    workdir.check()  # For gs://: bucket exists and takes a write, or one line.
-    return workdir, _check_same_run(workdir, config,
-                                    backend if request.trains else None)
-  return workdir, False
-
-
-def _check_same_run(workdir, config, backend=None):
-  """A one-line UserError if the workdir holds another run, or (given the
-  `backend` that would resume it) this one trained on the other backend:
-  each resumes from its own checkpoint files, and the other's would be
-  passed over and the run start again. Whether it holds this run."""
-  saved = workdir.read_json('run.json')
-  if not saved:
-    return False
-  for key in RUN_IDENTITY:
-    if saved['config'].get(key) != config[key]:
-      raise UserError(
-          f'workdir {workdir.url!r} holds a run with {key}='
-          f'{saved["config"].get(key)!r}, not {config[key]!r}; use another '
-          '--workdir to start a new run')
-  trained_on = backends.trained_on(saved.get('resolved', {}))
-  if backend and trained_on is not backend:
-    raise UserError(
-        f'workdir {workdir.url!r} holds a run trained on {trained_on.name}, '
-        f'which resumes there only: --backend={trained_on.name}, or another '
-        '--workdir')
-  return True
 
 
 def _names(names, shown=20):

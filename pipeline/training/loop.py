@@ -66,9 +66,9 @@ def _train_and_evaluate(plan, extra_actions):
   initial_step = _restore_or_initialize(plan, trainer, checkpointer)
 
   backend, batch = plan.backend, plan.global_batch_size
-  train_data = inputs.train_batches(plan,
-                                    service_job=f'train:{workdir.url}')
-  eval_data = inputs.eval_batches(plan)
+  train_data = backend.distribute(hardware, inputs.train_input(
+      plan, service_job=f'train:{workdir.url}'))
+  eval_data = backend.distribute(hardware, inputs.eval_input(plan))
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
   _write_plan_text(plan, train_writer, initial_step)

@@ -77,16 +77,15 @@ class JaxBackend:
     from pipeline.backends.jax import trainer  # pylint: disable=g-import-not-at-top
     return trainer.build(plan)
 
-  def distribute(self, hardware, input_fn):
+  def distribute(self, hardware, batches):
+    if batches.dali_pipelines:
+      from pipeline.backends.jax import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
+      return dali_lib.DaliBatches(hardware.strategy, batches.dali_pipelines)
     from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top
-    return devices.host_batches(input_fn)
+    return devices.host_batches(batches.input_fn)
 
   def repeated(self, hardware, images, labels, delay_s=0.0):
     return _Repeated(hardware.strategy.to_devices((images, labels)), delay_s)
-
-  def distribute_dali(self, hardware, dali_input):
-    from pipeline.backends.jax import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
-    return dali_lib.DaliBatches(hardware.strategy, dali_input)
 
   def sum_over_workers(self, hardware):
     del hardware

@@ -266,7 +266,7 @@ def build(plan):
       programs.train_step(model, optimizer, plan.objective, strategy, ema,
                           accumulation=accumulation),
       programs.eval_program(model, num_classes, strategy),
-      num_classes, config.label_offset,
+      num_classes, plan.source.label_offset,
       plan.out_of_memory_message(), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
       accumulation=accumulation, frozen_steps=plan.frozen_steps,

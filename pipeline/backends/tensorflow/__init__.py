@@ -55,8 +55,12 @@ class TensorFlowBackend:
     from pipeline.backends.tensorflow import trainer  # pylint: disable=g-import-not-at-top
     return trainer.build(plan)
 
-  def distribute(self, hardware, input_fn):
-    return hardware.strategy.distribute_datasets_from_function(input_fn)
+  def distribute(self, hardware, batches):
+    if batches.dali_pipelines:
+      from pipeline.backends.tensorflow import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
+      return dali_lib.distribute(hardware, batches.dali_pipelines)
+    return hardware.strategy.distribute_datasets_from_function(
+        batches.input_fn)
 
   def repeated(self, hardware, images, labels, delay_s=0.0):
     """Through tf.data, cached: TensorFlow's distributed iterator copies
@@ -75,11 +79,7 @@ class TensorFlowBackend:
       one = tf.data.Dataset.from_tensors(
           (images[:per_replica], labels[:per_replica])).cache().repeat()
       return one.map(late) if delay_s else one
-    return self.distribute(hardware, input_fn)
-
-  def distribute_dali(self, hardware, dali_input):
-    from pipeline.backends.tensorflow import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
-    return dali_lib.distribute(hardware, dali_input)
+    return hardware.strategy.distribute_datasets_from_function(input_fn)
 
   def sum_over_workers(self, hardware):
     from pipeline.backends.tensorflow import workers  # pylint: disable=g-import-not-at-top

@@ -24,7 +24,6 @@ from pipeline.backends.tensorflow import steps
 from pipeline.backends.tensorflow.workers import peers_lost_in_one_line
 from pipeline.data import dali
 from pipeline.data import decode
-from pipeline.data import tfrecords
 from pipeline.errors import UserError
 from pipeline.rules.speed import precision
 from pipeline.storage import checkpoint_files
@@ -211,12 +210,12 @@ def _build(plan):
   eval_fn = steps.make_eval_function(model, strategy, num_classes,
                                      **eval_checks)
   return Trainer(model, optimizer, step, train_function(), eval_fn,
-                 num_classes, config.label_offset,
+                 num_classes, plan.source.label_offset,
                  plan.out_of_memory_message(), ema=ema,
                  frozen_steps=plan.frozen_steps,
                  frozen_train_fn=(train_function() if plan.frozen_steps
                                   else None),
-                 input_files=(dali.input_files(config)
+                 input_files=(plan.source.all_record_files()
                               if plan.input_pipeline == dali.DALI else ()),
                  cost=lambda: step_cost(plan),
                  io_device=plan.io_device)
@@ -226,14 +225,13 @@ def _input_checks(plan):
   """The keyword arguments of the train and eval functions for what the
   input cannot do itself: DALI's datasets end at the DALIDataset, so its
   labels are checked and evaluation's weights made in the steps."""
-  config = plan.config
   if plan.input_pipeline != dali.DALI:
     return {}, {}
   num_classes = plan.source.num_classes
-  return ({'check_labels': dali_input.label_check(
-      num_classes, tfrecords.list_files(config.train_files))},
-          {'check_labels': dali_input.label_check(
-              num_classes, tfrecords.list_files(config.eval_files)),
+  files = plan.source.record_files
+  return ({'check_labels': dali_input.label_check(num_classes,
+                                                  files['train'])},
+          {'check_labels': dali_input.label_check(num_classes, files['eval']),
            'weights_at': dali_input.eval_weights(
                plan.source.num_eval_examples, plan.hardware.num_replicas,
                plan.global_batch_size)})

@@ -32,7 +32,7 @@ SOURCES = parts.Table(
     'source', 'dataset',
     accepted='or a tensorflow-datasets image classification name, e.g. '
     'sklearn_digits (offline), cifar10, imagenet2012')
-# The order is the README's and the errors'.
+# The order is the docs' (configs-and-data.md) and the errors'.
 SOURCES.register(tfrecord_files.TFRecordFiles())
 SOURCES.register(folders.ClassFolders())
 SOURCES.register(csv_list.CsvList())

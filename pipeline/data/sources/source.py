@@ -14,8 +14,6 @@ class UnknownSet(LookupError):
 
 class DataSource(parts.Part):
   """What a run asks of one source."""
-  # Its files are TFRecords: DALI and the reference input can read them.
-  record_files = False
   # Its class names are the user's (folders, labels.txt): the plan shows them.
   names_classes = False
 
@@ -46,22 +44,72 @@ class Source:
   parse: Callable[..., tuple]
   class_names: tuple = ()  # Index -> name; () where the source has none.
   encoded_bytes: int = 0  # Both splits' records as stored; 0: unknown.
+  # {'train': files, 'eval': files} where its records are TFRecord files
+  # (DALI and the reference input read them); {} where they are not.
+  record_files: dict = dataclasses.field(default_factory=dict)
+  # What its stored labels count from: the parsed labels are less by it.
+  label_offset: int = 0
+
+  def all_record_files(self):
+    """Both splits' record files (where an undecodable record is looked
+    for)."""
+    return tuple(self.record_files.get('train', ()) +
+                 self.record_files.get('eval', ()))
 
   def class_name(self, index):
     return self.class_names[index] if self.class_names else str(index)
 
 
 # The classes a source has, where its files do not say: a key of several.
-NUM_CLASSES = parts.Key(0, 'tfrecord: needed; image_folder, csv: 0 counts '
+NUM_CLASSES = parts.Key('tfrecord: needed; image_folder, csv: 0 counts '
                         'their classes (or must agree with them)')
 # The share of a folder's or a CSV's images held out, where no other split
 # is given: a key of both.
-EVAL_FRACTION = parts.Key(0.1, 'without an eval folder or CSV, this share '
-                          'of the images (by a hash of the path) is held out')
+EVAL_FRACTION = parts.Key('without an eval folder or CSV, this share of '
+                          'the images (by a hash of the path) is held out')
 
 
-def check_eval_fraction(config):
+def check_eval_fraction(fraction):
   """A one-line UserError where eval_fraction is no share to hold out."""
-  if not 0 < config.eval_fraction < 1:
-    raise UserError(f'eval_fraction={config.eval_fraction} must be in (0, 1): '
-                    'the share held out for evaluation')
+  if not 0 < fraction < 1:
+    raise UserError(f'eval_fraction={fraction} must be in (0, 1): the share '
+                    'held out for evaluation')
+
+
+class ListedImages(DataSource):
+  """Images listed one by one with their labels (a folder of class
+  folders, a CSV): read as files, an eval listing or a held-out share.
+  `train_key` and `eval_key` name the listings; `listing` says what the
+  training one is; `listed(config)` lists them."""
+  train_key = eval_key = listing = ''
+  names_classes = True
+
+  def check(self, config):
+    check_eval_fraction(config.eval_fraction)
+
+  def inputs(self, config):
+    return {key: config[key] for key in (self.train_key, self.eval_key)
+            if key == self.train_key or config[key]}
+
+  def listed(self, config):
+    """(class names, {'train': files, 'eval': files} of (path, label),
+    the class count, a function reading files as read_files does)."""
+    raise NotImplementedError
+
+  def load(self, config):
+    if not config[self.train_key]:
+      raise UserError(f'dataset={self.name} needs --config.{self.train_key}'
+                      f'=PATH, {self.listing} (local or gs://)')
+    names, files, num_classes, read_files = self.listed(config)
+    if names and config.num_classes not in (0, len(names)):
+      raise UserError(f'num_classes={config.num_classes}, but '
+                      f'{config[self.train_key]!r} names {len(names)} '
+                      f'classes; leave num_classes at 0 for {self.name}')
+
+    def read(split, input_context, shuffle, seed):
+      return read_files(files[split], input_context, shuffle, seed)
+
+    return Source(self.name, num_classes, len(files['train']),
+                  len(files['eval']), read,
+                  parse=lambda encoded, label, path: (encoded, label, path),
+                  class_names=names)

@@ -23,11 +23,10 @@ class TfdsSet(DataSource):
                  'name (sklearn_digits, bundled with scikit-learn, works '
                  'offline)')
   keys = {
-      'data_dir': parts.Key('', "tfds' data_dir (local or gs://); '' is "
-                            "tfds' default"),
-      'train_split': parts.Key('train', "tfds' split spec, e.g. "
-                               "'train[:90%]'"),
-      'eval_split': parts.Key('', "'' takes validation, else test"),
+      'data_dir': parts.Key("tfds' data_dir (local or gs://); '' is tfds' "
+                            'default'),
+      'train_split': parts.Key("tfds' split spec, e.g. 'train[:90%]'"),
+      'eval_split': parts.Key("'' takes validation, else test"),
   }
 
   def names(self):

@@ -15,17 +15,14 @@ class TFRecordFiles(DataSource):
   description = ('TFRecord files of encoded images and labels (globs, local '
                  'or gs://; a labels.txt beside them names the classes)')
   keys = {
-      'train_files': parts.Key('', 'glob of the training TFRecord files'),
-      'eval_files': parts.Key('', 'glob of the evaluation TFRecord files'),
+      'train_files': parts.Key('glob of the training TFRecord files'),
+      'eval_files': parts.Key('glob of the evaluation TFRecord files'),
       'num_classes': NUM_CLASSES,
-      'label_offset': parts.Key(0, '1 for ImageNet TFRecords, which count '
+      'label_offset': parts.Key('1 for ImageNet TFRecords, which count '
                                 'from 1'),
-      'num_train_examples': parts.Key(0, '0: count the records once at '
-                                      'start'),
-      'num_eval_examples': parts.Key(0, '0: count the records once at '
-                                     'start'),
+      'num_train_examples': parts.Key('0: count the records once at start'),
+      'num_eval_examples': parts.Key('0: count the records once at start'),
   }
-  record_files = True
   names_classes = True
 
   def inputs(self, config):
@@ -45,8 +42,8 @@ def _load(config):
   from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
   if config.num_classes < 1:
     raise UserError('dataset=tfrecord needs --config.num_classes=N (N >= 1)')
-  files = {'train': tfrecords.list_files(config.train_files),
-           'eval': tfrecords.list_files(config.eval_files)}
+  files = {'train': tuple(tfrecords.list_files(config.train_files)),
+           'eval': tuple(tfrecords.list_files(config.eval_files))}
   sizes = {'train': config.num_train_examples or
                     tfrecords.count_records(files['train']),
            'eval': config.num_eval_examples or
@@ -54,7 +51,7 @@ def _load(config):
   offset = config.label_offset
 
   def read(split, input_context, shuffle, seed):
-    names = files[split]
+    names = list(files[split])  # A tuple would be a structure to tf.data.
     pipelines, index = (input_context.num_input_pipelines,
                         input_context.input_pipeline_id)
     by_file = len(names) >= pipelines
@@ -91,5 +88,6 @@ def _load(config):
   return Source('tfrecord', config.num_classes, sizes['train'], sizes['eval'],
                 read, parse, class_names=names, encoded_bytes=sum(
                     tf.io.gfile.stat(name).length
-                    for names in files.values() for name in names))
+                    for names in files.values() for name in names),
+                record_files=files, label_offset=offset)
 

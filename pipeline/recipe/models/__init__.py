@@ -21,15 +21,14 @@ from pipeline.recipe.models import efficientnet
 from pipeline.recipe.models import resnet
 
 MODELS = parts.Table('model', 'model')
-# The order is the README's and the errors'.
+# The order is the docs' (configs-and-data.md) and the errors'.
 MODELS.register(efficientnet.EfficientNet())
 MODELS.register(resnet.ResNet())
 
 
 def build_model(name, num_classes, image_size, dropout_rate=0.2,
                 batch_norm_momentum=0.99, drop_connect_rate=0.2,
-                weights=None, batch_norm='keras', squeeze_excite='conv',
-                depthwise='conv'):
+                weights=None, forms=None):
   """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits.
 
   keras.applications fixes batch-norm momentum (0.99 in most), tuned for
@@ -38,8 +37,11 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
 
   `weights`: None (random), 'imagenet' (Keras downloads its published
   headless weights) or a local weights file of the same headless network.
-  `batch_norm`, `squeeze_excite`, `depthwise`: the forms of those layers
-  (layers.py; 'keras' and 'conv' are keras.applications' own).
+  `forms`: {'batch_norm', 'squeeze_excite', 'depthwise'} forms of those
+  layers (layers.py; a run's come from its config, model_of_config), or
+  None for keras.applications' own: the same weights either way, so what
+  only reads or writes weights (an export, a source run's checkpoint)
+  needs none.
   """
   family = MODELS[name]
   images = keras.Input((image_size, image_size, 3), dtype='uint8', name='image')
@@ -49,7 +51,8 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
   if preprocessing is not None:
     x = preprocessing(x)
   network = family.headless(name, weights, (image_size, image_size, 3))
-  network = layers.swap(network, batch_norm, squeeze_excite, depthwise)
+  if forms:
+    network = layers.swap(network, **forms)
   family.set_stochastic_depth(network, drop_connect_rate)
   for layer in network.layers:
     if isinstance(layer, keras.layers.BatchNormalization):
@@ -70,9 +73,8 @@ def model_of_config(config, num_classes):
   which has no plan, and the run's)."""
   return build_model(config.model, num_classes, config.image_size,
                      config.dropout_rate, config.batch_norm_momentum,
-                     config.drop_connect_rate, batch_norm=config.batch_norm,
-                     squeeze_excite=config.squeeze_excite,
-                     depthwise=config.depthwise)
+                     config.drop_connect_rate,
+                     forms=layers.forms_of(config))
 
 
 def backbone(model):
