@@ -3,7 +3,7 @@ imports only from its own floor and the floors below it (the bottom first):
 
   errors.py   the one-line errors a run stops with
   parts.py    named parts: the tables every source, augmentation, model,
-              optimizer and schedule is registered in by name
+              optimizer, schedule and layer form is registered in by name
   storage/    workdirs, their lock, GCS, the checkpoint series and formats
   rules/      what every layer decides by: the request, hardware, the
               cluster, precision, steps, stopping, validation, saved
@@ -21,8 +21,9 @@ imports only from its own floor and the floors below it (the bottom first):
   training/   the loop and its periodic actions
 
 rules/ and data/ import neither the other: they stand side by side.
-launch/ parses flags and calls into run/, training/ and reports/.
-tests/test_layout.py holds every import to this order.
+configs/ (plain values, every key's one default) stands below every floor;
+launch/ above them parses flags and calls into run/, training/, reports/
+and probe/. tests/test_layout.py holds every import to this order.
 """
 
 FLOORS = ('errors', 'parts', 'storage', 'rules', 'data', 'recipe',

@@ -1,7 +1,8 @@
 """What both backends compile: the network, its optimizer, loss and average.
 
 models/ (each family of networks, with a float32 head), layers.py (the
-one-pass batch norm and squeeze-excite as matrix products), optimizers.py
+layer forms: the one-pass batch norm, squeeze-excite as matrix products,
+the depthwise convolution as taps), optimizers.py
 and schedules.py, objective.py (loss, labels, L2, evaluation counts),
 moving_average.py (the average's rule). Everything here that runs inside a
 compiled step is keras.ops, never TensorFlow: JAX traces it too. Imports

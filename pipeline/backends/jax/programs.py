@@ -18,7 +18,7 @@ a `while` whose trip count is a runtime value copies its predicate to the
 host after every iteration and waits for it, on the thread that launched
 the program (xla/backends/gpu/runtime/while_thunk.cc), as does every
 `conditional`. So loss scaling selects instead of branching, and the
-schedules are `where`, not `cond` (recipe/optimizers.py). Imports no
+schedules are `where`, not `cond` (recipe/schedules.py). Imports no
 TensorFlow.
 """
 

@@ -7,11 +7,10 @@ stateless_apply) written back into the Keras variables only to save or
 export. The next execution's batches move to the devices while the queued
 steps run (staging.py).
 
-The model is replicated on every device and each batch split over them;
-XLA (GSPMD) inserts the gradient all-reduce. Batch-norm statistics are
-computed over the whole global batch (as synchronised batch norm), where
-the TensorFlow path normalises per replica and averages the moving
-statistics after each execution.
+The Trainer holds what the loop calls (interface.Trainer): the state, its
+checkpoint files in Keras' format (a TensorFlow run's read too), the
+frozen-backbone phase, the moving average, the loss scale's figures; the
+programs themselves, and how they split the batch, are programs.py's.
 """
 
 import contextlib

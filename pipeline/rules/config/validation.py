@@ -3,8 +3,8 @@
 `complete(values)` is how every config reaches the library: a config file
 that omits a key, and a run.json written before a key existed, get that
 key's value from configs/default.py, the one home of every default.
-`validate(config, num_replicas)` is the one place a field's value is
-checked; the modules that use a field trust it. Checks that need the data
+`validate(config, num_replicas, recipe_tables, data_tables)` is the one
+place a field's value is checked; the modules that use a field trust it. Checks that need the data
 (examples_per_epoch, the cache) or the filesystem (init_from's source, the
 workdir) happen where those are opened, in pipeline/run/plan.py.
 """

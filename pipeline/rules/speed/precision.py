@@ -1,7 +1,7 @@
 """Precision policy: which dtypes compute, which hold variables, and why.
 
 Variables always stay float32; the model's head and the loss are float32 under
-every policy (see models.py). Loss scaling is needed exactly where the compute
+every policy (see recipe/models/). Loss scaling is needed exactly where the compute
 dtype is float16: its range is too small for small gradients, while bfloat16
 has float32's range.
 """
