@@ -92,7 +92,6 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
   metrics = _metrics(emulator, 'fresh')
   assert metrics['initial_step'] >= committed > 0
   assert metrics['initial_step'] % 8 == 0
-  assert metrics['checkpoint_blocked_s'] >= 0
   names = emulator.names('runs', 'fresh/')
   for expected in ('fresh/run.json', 'fresh/metrics.json',
                    'fresh/checkpoints/ckpt-32/COMMITTED',

@@ -137,10 +137,27 @@ def test_trains_records_the_names_and_predict_names_a_file(tree, trained):
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['skipped_records'] >= 1  # The damaged PNG, once an epoch.
   image = tree / 'seven' / '0.png'
+  answers = workdir.parent / 'predicted.json'
   predicted = run_module('launch.predict', f'--model={workdir}/export',
-                         str(image))
+                         f'--output={answers}', str(image))
   assert predicted.returncode == 0, predicted.stderr[-3000:]
-  assert any(name in predicted.stdout for name in NAMES), predicted.stdout
+  # The classes it names are the export's own likeliest, by name, in
+  # order: the export's probabilities for the file, read here.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from pipeline.data import decode  # pylint: disable=g-import-not-at-top
+  export = tf.saved_model.load(str(workdir / 'export'))
+  metadata = json.loads((workdir / 'export' / 'metadata.json').read_text())
+  assert metadata['class_names'] == list(NAMES)
+  pixels = decode.eval_image(image.read_bytes(),
+                             metadata['preprocessing']['image_size'],
+                             metadata['preprocessing']['central_fraction'])
+  probabilities = export.serve(pixels[None]).numpy()[0]
+  likeliest = [NAMES[i] for i in np.argsort(-probabilities)[:3]]
+  (answer,) = json.loads(answers.read_text())
+  assert [row['class'] for row in answer['top']] == likeliest
+  assert f"{image}: {likeliest[0]} {probabilities.max():.3f}" in (
+      predicted.stdout)
 
   (tree / 'zero').rename(tree / 'nought')
   try:

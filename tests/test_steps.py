@@ -167,7 +167,29 @@ def test_last_execution_may_run_fewer_steps(mirrored):
   assert int(step.numpy()) == 7 == int(optimizer.iterations.numpy())
   assert len(out['step_losses']) == 3  # One loss per step of this call.
   assert float(out['loss']) == pytest.approx(np.mean(out['step_losses']))
-  assert float(out['input_wait_s']) >= 0.0
+
+
+def test_the_input_wait_is_the_time_the_steps_waited_for_batches(mirrored):
+  """An input that takes 0.2 s a batch (no prefetch): each step waits
+  for its batch at least that long, and the waits are no longer than the
+  call itself."""
+  import time  # pylint: disable=g-import-not-at-top
+  _, _, _, train = _sgd_training(mirrored, _small_model, 0.01)
+
+  def slow(input_context):
+    def late(images, labels):
+      waited = tf.numpy_function(lambda: time.sleep(0.2) or 0.0, [],
+                                 tf.float64)
+      with tf.control_dependencies([waited]):
+        return tf.identity(images), tf.identity(labels)
+    return _dataset(input_context).map(late)
+
+  iterator = iter(mirrored.distribute_datasets_from_function(slow))
+  train(iterator, tf.constant(1))  # Traces.
+  began = time.perf_counter()
+  out = train(iterator, tf.constant(3))
+  took = time.perf_counter() - began
+  assert 3 * 0.2 * 0.9 <= float(out['input_wait_s']) <= took
 
 
 def test_eval_counts_each_example_once_with_padding(mirrored):
