@@ -137,6 +137,10 @@ def _execution(config):
   # 'eval_accuracy' or 'eval_loss': keep the best checkpoint by it in
   # checkpoints_best/ (never pruned) and export it to export_best/ too.
   config.keep_best_metric = ''
+  # Export the trained model (a SavedModel in export/, export_best/ with
+  # keep_best_metric) at the end; False skips it, as a sweep of short runs
+  # may (launch.evaluate --export=export-NAME writes one later).
+  config.export = True
   # '' (off), 'float32' or 'float16' (weights): also write export/model.tflite
   # for LiteRT, from a float32 rebuild of the model (about 17 s for B0).
   config.export_tflite = ''

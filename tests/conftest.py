@@ -84,6 +84,12 @@ def tf_config(ports, index):
                      'task': {'type': 'worker', 'index': index}})
 
 
+# Runs whose export no test reads skip it (4 s a tiny TensorFlow run, 10 s
+# a JAX run's: its export is a child process on TensorFlow); a test of the
+# export passes --config.export=true after these.
+NO_EXPORT = ('--config.export=false',)
+
+
 def tiny_args(workdir, tfds_dir, *extra):
   """Flags for the smallest real run: B0's code at a tenth of its size
   (models.efficientnet_tiny), 32 px, on a slice of digits."""
@@ -91,7 +97,8 @@ def tiny_args(workdir, tfds_dir, *extra):
           '--config.model=efficientnet_tiny',
           '--config.train_split=train[:256]', '--config.global_batch_size=32',
           '--config.epochs=2', '--config.steps_per_execution=4',
-          '--config.log_every_steps=4', '--config.eval_every_epochs=0', *extra)
+          '--config.log_every_steps=4', '--config.eval_every_epochs=0',
+          *NO_EXPORT, *extra)
 
 
 def jax_args(workdir, tfds_dir, *extra, devices=2):
@@ -105,7 +112,7 @@ def jax_args(workdir, tfds_dir, *extra, devices=2):
           '--config.examples_per_epoch=320', '--config.global_batch_size=32',
           '--config.steps_per_execution=4', '--config.log_every_steps=4',
           '--config.checkpoint_every_steps=4', '--config.ema_decay=0.9',
-          *extra)
+          *NO_EXPORT, *extra)
 
 assert tf is None or tf.config.list_logical_devices('CPU'), (
     'TensorFlow sees no CPU')

@@ -68,7 +68,8 @@ def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
 
   result = run_train(*jax_args(url, tfds_dir,
                             f'--staging_dir={tmp_path / "machine-b"}',
-                            '--workdir_lease_s=8'), env=_env(emulator))
+                            '--workdir_lease_s=8', '--config.export=true'),
+                     env=_env(emulator))
   assert result.returncode == 0, result.stderr[-3000:]
   log = result.stderr
   assert 'Backend: jax (asked for with --backend=jax)' in log
@@ -110,7 +111,8 @@ def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
   result = run_train(*jax_args(workdir, tfds_dir, '--config.ema_decay=0',
                             '--policy=mixed_bfloat16',
                             '--config.profile_steps=4,8',
-                            '--config.export_tflite=float16'))
+                            '--config.export_tflite=float16',
+                            '--config.export=true'))
   assert result.returncode == 0, result.stderr[-3000:]
   # JAX's profiler traced steps 4 to 8 into TensorBoard's Profile tab.
   assert 'Profiled steps 4 to 8' in result.stderr
@@ -155,7 +157,7 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
   it; `--backend=jax` does not train on in its workdir."""
   workdir = tmp_path / 'run'
   trained = run_train(*jax_args(workdir, tfds_dir, devices=1)[1:],
-                      '--backend=tensorflow')
+                      '--backend=tensorflow', '--config.export=true')
   assert trained.returncode == 0, trained.stderr[-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert metrics['backend'] == 'tensorflow'

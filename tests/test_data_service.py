@@ -92,7 +92,8 @@ def test_a_run_reads_through_a_local_dispatcher_and_two_workers(tmp_path,
     time.sleep(10)  # TensorFlow's import; the trainer retries meanwhile.
     assert all(p.poll() is None for p in started)
     result = run_train(*tiny_args(str(tmp_path / 'run'), tfds_dir,
-                                  f'--config.data_service=grpc://localhost:{port}'))
+                                  f'--config.data_service=grpc://localhost:{port}',
+                                  '--config.export=true'))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (f'training input from tf.data service grpc://localhost:{port}'
             in result.stderr)

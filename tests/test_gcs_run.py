@@ -82,7 +82,7 @@ def test_killed_run_resumes_from_the_bucket_on_a_fresh_machine(
 
   # Another machine: an empty staging directory, the same command.
   result = run_train(*_args('fresh', tmp_path / 'machine-b', tfds_dir, 40),
-                     env=_env(emulator))
+                     '--config.export=true', env=_env(emulator))
   assert result.returncode == 0, result.stderr[-3000:]
   # The killed machine's lease was fresh: machine-b waited for it to lapse
   # (it was not renewed), said so, and took it over.

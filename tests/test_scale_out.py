@@ -38,7 +38,7 @@ from pipeline.rules.speed import step_counts
 def test_two_workers_train_together(tmp_path, tfds_dir):
   ports = [free_port(), free_port()]
   workdir = tmp_path / 'run'
-  args = tiny_args(str(workdir), tfds_dir)
+  args = tiny_args(str(workdir), tfds_dir, '--config.export=true')
   processes = [subprocess.Popen(
       [sys.executable, '-m', 'launch.train', *args], cwd=REPO,
       env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),

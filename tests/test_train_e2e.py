@@ -32,7 +32,8 @@ def mirrored_run(tmp_path_factory, tfds_dir):
   """The issue's acceptance command, shrunk: 2 replicas, bfloat16, 4 steps/call."""
   workdir = str(tmp_path_factory.mktemp('mirrored'))
   result = run_train(*tiny_args(workdir, tfds_dir, '--num_cpu_devices=2',
-                                '--policy=mixed_bfloat16'),
+                                '--policy=mixed_bfloat16',
+                                '--config.export=true'),
                      env={'TF_CPP_MIN_LOG_LEVEL': '1'})  # A user's level.
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir, result

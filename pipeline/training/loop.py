@@ -113,11 +113,12 @@ def _train_and_evaluate(plan, extra_actions):
       plan, trainer, progress, final_eval, initial_step=initial_step,
       initial_weights_sha256=initial_weights_sha256,
       checkpoint_blocked_s=checkpointer.blocked_s,
-      export_dir=export.export_run(plan, trainer))
+      export_dir=config.export and export.export_run(plan, trainer) or None)
   if keep_best:  # Last: it loads the best weights into the model.
     keep_best.checkpointer.restore_latest()
-    result.update(keep_best.metrics(), best_export_dir=export.export_run(
-        plan, trainer, 'export_best'))
+    result.update(keep_best.metrics(), best_export_dir=(
+        config.export and export.export_run(plan, trainer, 'export_best')
+        or None))
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')
