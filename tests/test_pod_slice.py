@@ -215,21 +215,21 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
                    check=False)
 
 
-def test_connections_that_keep_dropping_are_followed_to_the_end(tmp_path,
-                                                                 tfds_dir):
-  """Worker 1's every connection drops after 2 s, mid-line: each
-  stayed up longer than --healthy_s, so the count starts again and the
-  launcher follows its trainer (16 steps of the tiny network) to the end,
-  however many drops that takes. Its log is the trainer's
-  exactly, every byte once (the offset counts the trainer's output alone,
-  not ssh's lines, which are kept apart)."""
+def test_connections_that_keep_dropping_are_followed_to_the_end(tmp_path):
+  """Worker 1's every connection drops after 2 s, mid-line: each stayed
+  up longer than --healthy_s, so the count starts again and the launcher
+  follows its trainer (a stand-in writing 150 lines over 15 s) to the end,
+  however many drops that takes. Its log is the trainer's exactly, every
+  byte once (the offset counts the trainer's output alone, not ssh's
+  lines, which are kept apart)."""
   name = f'slice-{uuid.uuid4().hex[:8]}'
-  ports = [free_port(), free_port()]
-  result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
-                              for i in range(2)],
-                   tiny_args(str(tmp_path / 'run'), tfds_dir),
-                   '--reconnect_wait_s=0.2', '--healthy_s=1', name=name,
-                   drops='1', up_s=2)
+  python = tmp_path / 'python-lines'
+  python.write_text('#!/bin/sh\nfor i in $(seq 150); do echo "step $i of 150: '
+                    'loss 0.$i"; sleep 0.1; done\necho "Done: trained"\n')
+  python.chmod(0o755)
+  result = _launch(tmp_path, [{}, {}], [], '--reconnect_wait_s=0.2',
+                   '--healthy_s=1', name=name, drops='1', up_s=2,
+                   python=python)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr
   assert 'all 2 workers finished' in result.stdout
   drops = result.stdout.count('worker 1: the connection dropped')
@@ -243,7 +243,8 @@ def test_connections_that_keep_dropping_are_followed_to_the_end(tmp_path,
   assert len(ssh_lines) == drops + 1
   assert ''.join(line for line in local.splitlines(keepends=True)
                  if not line.startswith('[gcloud] ')) == remote
-  assert 'Done: ' in remote
+  assert remote == ''.join(f'step {i} of 150: loss 0.{i}\n'
+                           for i in range(1, 151)) + 'Done: trained\n'
 
 
 def test_a_trainer_that_exits_255_is_a_failure_not_a_drop(tmp_path):
@@ -265,28 +266,38 @@ def test_a_trainer_that_exits_255_is_a_failure_not_a_drop(tmp_path):
   assert 'the connection dropped' not in result.stdout
 
 
-def test_a_second_run_on_the_same_slice_starts_from_clean_files(tmp_path,
-                                                              tfds_dir):
+def _stand_in_trainer(tmp_path, seconds=1):
+  """A trainer that says which run it is (its arguments), takes `seconds`
+  and ends 0: where what is tested is launch.pod's, not the trainer's
+  (the first test runs real ones)."""
+  python = tmp_path / 'python-stand-in'
+  python.write_text(f'#!/bin/sh\necho "trainer of $*"\nsleep {seconds}\n'
+                    'echo "trained"\n')
+  python.chmod(0o755)
+  return python
+
+
+def test_a_second_run_on_the_same_slice_starts_from_clean_files(tmp_path):
   """The same slice name and the same homes twice, as the launcher advises
   after a lost connection: the second run's followers read its own log
   and status, never the first's."""
   name = f'slice-{uuid.uuid4().hex[:8]}'
+  python = _stand_in_trainer(tmp_path)
   for run in ('first', 'second'):
-    ports = [free_port(), free_port()]
-    result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
-                                for i in range(2)],
-                     ['--dry_run', *tiny_args(str(tmp_path / run), tfds_dir)],
-                     name=name, logs=f'logs-{run}')
+    result = _launch(tmp_path, [{}, {}], [f'--workdir={run}'], name=name,
+                     logs=f'logs-{run}', python=python)
     assert result.returncode == 0, (run, result.stdout[-3000:] +
                                     result.stderr)
     assert 'all 2 workers finished' in result.stdout
     for worker in range(2):
       remote = (tmp_path / f'home-{worker}' / '.launch-pod' /
                 f'{name}.log').read_text()
-      assert remote.count('dry run: everything checks out') == 1, remote
-      assert str(tmp_path / run) in remote
+      assert remote == ('trainer of -m launch.train '
+                        f'--workdir={run}\ntrained\n'), remote
       local = (tmp_path / f'logs-{run}' / f'worker-{worker}.log').read_text()
-      assert local.count('dry run: everything checks out') == 1, local
+      assert [line for line in local.splitlines()
+              if not line.startswith('[gcloud] ')] == [
+                  f'trainer of -m launch.train --workdir={run}', 'trained']
   # One status file, the second run's.
   statuses = list((tmp_path / 'home-0' / '.launch-pod').glob('*.status'))
   assert len(statuses) == 1 and statuses[0].read_text().strip() == '0'
@@ -294,17 +305,14 @@ def test_a_second_run_on_the_same_slice_starts_from_clean_files(tmp_path,
 
 @pytest.mark.parametrize('code', [1, 255])
 def test_a_connection_that_fails_before_the_trainer_starts_starts_it(
-    tmp_path, tfds_dir, code):
+    tmp_path, code):
   """Worker 1's first two connections fail before its command runs:
   gcloud's own failure (exit 1, an expired token) is named as gcloud's
   and stops no trainer; like a connection ssh lost (255), it is made again,
   and that starts the trainer, which had never started."""
-  ports = [free_port(), free_port()]
-  result = _launch(tmp_path, [{'TF_CONFIG': tf_config(ports, i)}
-                              for i in range(2)],
-                   ['--dry_run', *tiny_args(str(tmp_path / 'run'), tfds_dir)],
-                   '--reconnect_wait_s=0.2', name=f'slice-{uuid.uuid4().hex[:8]}',
-                   fails=f'1:2:{code}')
+  result = _launch(tmp_path, [{}, {}], [], '--reconnect_wait_s=0.2',
+                   name=f'slice-{uuid.uuid4().hex[:8]}', fails=f'1:2:{code}',
+                   python=_stand_in_trainer(tmp_path))
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr
   said = ('gcloud failed (exit 1: ERROR: (gcloud.compute.tpus.tpu-vm.ssh) '
           'There was a problem refreshing your current auth tokens)'
@@ -315,7 +323,7 @@ def test_a_connection_that_fails_before_the_trainer_starts_starts_it(
   assert 'stopping every worker' not in result.stdout
   assert 'all 2 workers finished' in result.stdout
   log = (tmp_path / 'logs' / 'worker-1.log').read_text()
-  assert 'dry run: everything checks out' in log
+  assert 'trainer of -m launch.train\ntrained\n' in log
 
 
 def test_gcloud_that_keeps_failing_is_named_and_stops_no_trainer(tmp_path):

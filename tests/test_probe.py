@@ -68,8 +68,8 @@ def test_the_probe_measures_every_stage_on_this_cpu(tmp_path):
   its budget, probe.json holding every stage's figures and Keras' own
   model.fit beside them."""
   result = run_module('launch.probe', '--image_size=32', '--batch_size=16',
-                      '--budget_s=480', '--steps_per_execution=2',
-                      '--executions=2', f'--out={tmp_path}', timeout=600)
+                      '--budget_s=720', '--steps_per_execution=2',
+                      '--executions=2', f'--out={tmp_path}', timeout=850)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
   assert f'figures in {tmp_path}/probe.json' in result.stdout
   figures = json.loads((tmp_path / 'probe.json').read_text())

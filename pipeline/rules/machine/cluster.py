@@ -25,8 +25,6 @@ import dataclasses
 import re
 from typing import ClassVar, Optional
 
-import hostlist
-
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 
@@ -272,6 +270,9 @@ def hostnames(node_list):
   gpu02, gpu-b7), as Slurm's `scontrol show hostnames` expands it, by
   python-hostlist: a task in a container (Pyxis, Apptainer) has no
   scontrol."""
+  # Here, not at the top: the backend's choice reads this module where
+  # python-hostlist is not installed (launch.probe's environment).
+  import hostlist  # pylint: disable=g-import-not-at-top
   try:
     return hostlist.expand_hostlist(node_list)
   except hostlist.BadHostlist as e:
