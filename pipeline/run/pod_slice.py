@@ -153,8 +153,10 @@ def run(pod, repo_dir, python, train_args, log_dir, stop_wait_s=300,
   _gcloud(pod.ssh('all', pod_commands.end_stale(pod.name)),
           'end earlier runs on the workers')
   run_id = uuid.uuid4().hex[:12]
-  command = lambda worker: pod_commands.train_command(pod.name, run_id, repo_dir, python,
-                                         train_args, worker.received)
+  # Every connection sends the same command (pod_commands.train_command),
+  # from the byte of the trainer's log shown so far.
+  command = lambda worker: pod_commands.train_command(
+      pod.name, run_id, repo_dir, python, train_args, worker.received)
   running = [_Worker(worker, os.path.join(log_dir, f'worker-{worker}.log'))
              for worker in range(count)]
   for worker in running:
