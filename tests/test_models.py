@@ -124,29 +124,6 @@ def test_an_unknown_model_lists_every_name():
 BACKEND = keras.backend.backend()
 
 
-@pytest.mark.slow  # A minute on TensorFlow, more on JAX: CI's slow tier.
-def test_resnet50_trains_exports_and_predicts(tfds_dir, tmp_path):
-  """ResNet-50 on the digits for a few steps, on this environment's
-  backend, its export read by launch.predict."""
-  workdir = tmp_path / 'run'
-  result = run_train(f'--workdir={workdir}', f'--backend={BACKEND}',
-                     '--policy=float32', '--config.model=resnet50',
-                     f'--config.data_dir={tfds_dir}',
-                     '--config.train_split=train[:64]', '--config.epochs=1',
-                     '--config.global_batch_size=16',
-                     '--config.eval_every_epochs=0')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert 'Recipe: resnet50, no stochastic depth;' in result.stderr
-  image = tmp_path / 'seven.png'
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  Image.fromarray(np.full((8, 8, 3), 200, 'uint8')).save(image)
-  predicted = run_module('launch.predict', f'--model={workdir}/export',
-                         str(image))
-  assert predicted.returncode == 0, predicted.stderr[-3000:]
-  assert re.search(rf'{image}: \d \d\.\d{{3}}', predicted.stdout), (
-      predicted.stdout)
-
-
 @pytest.mark.slow  # Half a minute: a compile and a few executions.
 @pytest.mark.skipif(BACKEND != 'tensorflow', reason='once, on TensorFlow: '
                     'the backend is not what this test is about')
@@ -189,32 +166,44 @@ sys.meta_path.insert(0, Hook())
 """
 
 
-@pytest.mark.slow
-def test_resnet50_fine_tunes_from_keras_published_weights(tfds_dir,
-                                                          tmp_path,
-                                                          monkeypatch):
-  """launch.train with init_from=imagenet on ResNet-50: the published
-  file of the name Keras asks for (Keras' download stood in: no network
-  here) loads into the run's backbone (that its values are Keras' own
-  network's is test_published_weights_compute_what_keras_imagenet_network_
-  does')."""
+@pytest.mark.slow  # Minutes on JAX, one on TensorFlow: CI's slow tiers.
+def test_resnet50_fine_tunes_from_published_weights_exports_and_predicts(
+    tfds_dir, tmp_path, monkeypatch):
+  """ResNet-50 through launch.train on this environment's backend, from
+  the published file of the name Keras asks for (Keras' download stood
+  in: no network here) loaded into the run's backbone (that its values
+  are Keras' own network's is test_published_weights_compute_what_keras_
+  imagenet_network_does), a few steps on the digits, and its export read
+  by launch.predict. One run for all three: each is minutes on JAX."""
   published = tmp_path / 'published'
   published.mkdir()
   _publish('resnet50', str(published), monkeypatch)
   site = tmp_path / 'site'
   site.mkdir()
   (site / 'sitecustomize.py').write_text(_DOWNLOAD_STAND_IN)
-  result = run_train(f'--workdir={tmp_path / "run"}', '--config.model=resnet50',
+  workdir = tmp_path / 'run'
+  result = run_train(f'--workdir={workdir}', f'--backend={BACKEND}',
+                     '--policy=float32', '--config.model=resnet50',
                      '--config.init_from=imagenet',
                      f'--config.data_dir={tfds_dir}',
                      '--config.train_split=train[:64]', '--config.epochs=1',
                      '--config.global_batch_size=16',
+                     '--config.eval_every_epochs=0',
                      env={'PYTHONPATH': str(site), 'PUBLISHED': str(published)})
   assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Recipe: resnet50, no stochastic depth;' in result.stderr
   assert ('stand-in download: '
           f"{models.MODELS['resnet50'].published_file('resnet50')}") in (
               result.stderr)
   assert "backbone from keras.applications' ImageNet weights" in result.stderr
+  image = tmp_path / 'seven.png'
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  Image.fromarray(np.full((8, 8, 3), 200, 'uint8')).save(image)
+  predicted = run_module('launch.predict', f'--model={workdir}/export',
+                         str(image))
+  assert predicted.returncode == 0, predicted.stderr[-3000:]
+  assert re.search(rf'{image}: \d \d\.\d{{3}}', predicted.stdout), (
+      predicted.stdout)
 
 
 # Where the tables of every kind of named part are, for users.

@@ -149,10 +149,10 @@ def test_the_probe_takes_a_model_family_by_name(tmp_path):
   """ResNet-50 by its config name: the project's step and Keras' own
   keras.applications model beside it, both ResNet-50."""
   result = run_module('launch.probe', '--image_size=32', '--batch_size=8',
-                      '--budget_s=200', '--steps_per_execution=2',
+                      '--budget_s=450', '--steps_per_execution=2',
                       '--executions=2', '--stages=af', '--num_classes=10',
                       '--config.model=resnet50', f'--out={tmp_path}',
-                      timeout=300)
+                      timeout=560)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
   figures = json.loads((tmp_path / 'probe.json').read_text())
   assert figures['config']['model'] == 'resnet50'

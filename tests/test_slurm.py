@@ -173,7 +173,7 @@ def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
   log = tmp_path / 'job.out'
   script = tmp_path / 'train.sbatch'
   original = open(os.path.join(REPO, 'launch', 'train.sbatch')).read()
-  training = original.index('(srun --cpus-per-task')
+  training = original.index('(srun --kill-on-bad-exit')
   script.write_text(original[:training] + 'srun hostname\n' +
                     original[training:])
   length = tmp_path / 'run_length.py'
