@@ -13,7 +13,6 @@ util-linux, run as root, without munge (auth/none).
 """
 
 import contextlib
-import fcntl
 import os
 import socket
 import subprocess
@@ -24,10 +23,6 @@ BRIDGE = 'slurmbr0'
 SUBNET = '10.213.0'
 HOSTS = '/etc/hosts'
 _MARK = '# tests/slurm_nodes.py'
-# One cluster a machine at a time: the bridge, the nodes' names and their
-# /etc/hosts lines are fixed, and .ci/run runs TensorFlow's and JAX's
-# tiers side by side, each with a module that makes one.
-_LOCK = '/tmp/pipeline-tests-slurm.lock'
 
 
 def missing():
@@ -124,16 +119,6 @@ def cluster(root, num_nodes=2, gpus=4):
   the environment Slurm's commands need (SLURM_CONF, this Python first on
   PATH) and stops everything after."""
   nodes = [(f'slurmnode{i}', f'{SUBNET}.{10 + i}') for i in range(num_nodes)]
-  with open(_LOCK, 'w', encoding='utf-8') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # Released as the file closes.
-    with _cluster(root, nodes, gpus) as env:
-      yield env
-
-
-@contextlib.contextmanager
-def _cluster(root, nodes, gpus):
-  """cluster()'s body, under its lock."""
-  num_nodes = len(nodes)
   for index in range(gpus):
     path = f'/dev/slurmtestgpu{index}'
     if not os.path.exists(path):

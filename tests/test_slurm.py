@@ -27,10 +27,6 @@ import slurm_nodes
 BACKEND = os.environ.get('KERAS_BACKEND', 'tensorflow')
 # .ci/run sets it: there, a missing Slurm fails instead of skipping.
 REQUIRED = os.environ.get('PIPELINE_REQUIRE_SLURM') == '1'
-# The cluster is one a machine (slurm_nodes), and .ci/run runs two tiers
-# with this module side by side: the first test's set-up may wait out the
-# other's module, and its limit holds that wait too.
-pytestmark = pytest.mark.timeout(2400)
 # JAX on this CPU: each binding's run takes half a minute (its processes
 # start JAX): the slow tier's.
 SLOW_ON_JAX = pytest.mark.slow if BACKEND == 'jax' else (lambda test: test)
