@@ -32,38 +32,6 @@ from pipeline.rules.config import request as request_lib
 from pipeline.rules.speed import step_counts
 
 
-# 75 s: the slow tier, beside the two-worker SIGTERM test; the fast suite
-# keeps its 15 minutes.
-@pytest.mark.slow
-def test_two_workers_train_together(tmp_path, tfds_dir):
-  ports = [free_port(), free_port()]
-  workdir = tmp_path / 'run'
-  args = tiny_args(str(workdir), tfds_dir, '--config.export=true')
-  processes = [subprocess.Popen(
-      [sys.executable, '-m', 'launch.train', *args], cwd=REPO,
-      env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
-  outputs = [p.communicate(timeout=600)[1] for p in processes]
-  for process, output in zip(processes, outputs):
-    assert process.returncode == 0, output[-3000:]
-  metrics = json.loads((workdir / 'metrics.json').read_text())
-  assert metrics['strategy'] == 'MultiWorkerMirroredStrategy'
-  run = json.loads((workdir / 'run.json').read_text())
-  assert run['resolved']['strategy'] == 'MultiWorkerMirroredStrategy'
-  for output in outputs:
-    assert 'with MultiWorkerMirroredStrategy, 2 replica(s) over 2 worker(s)' \
-        in output
-  assert metrics['num_replicas'] == 2 and metrics['num_workers'] == 2
-  digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
-  assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
-  # Only the chief wrote the workdir, its log file and writer lock included.
-  assert sorted(os.listdir(workdir)) == ['.writer', 'checkpoints', 'export',
-                                         'metrics.json', 'run.json',
-                                         'run.log', 'tensorboard']
-  assert (workdir / 'run.log').read_text().count('] Done: ') == 1
-
-
 @pytest.mark.parametrize('text, problem', [
     ('{not json', 'malformed'),
     ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", '
@@ -329,8 +297,12 @@ def _installed(distribution):
 
 
 @pytest.mark.slow
-def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
-                                                             tfds_dir):
+def test_a_dead_worker_stops_the_other_and_both_restarted_train_together(
+    tmp_path, tfds_dir):
+  """SIGKILL to one worker stops the other in one line; both restarted
+  resume from the chief's checkpoint and train the run to its end together:
+  one MultiWorkerMirroredStrategy, the same weights, the chief alone
+  writing the workdir."""
   import time  # pylint: disable=g-import-not-at-top
   ports = [free_port(), free_port()]
   workdir = tmp_path / 'run'
@@ -361,13 +333,29 @@ def test_a_dead_worker_stops_the_other_and_a_restart_resumes(tmp_path,
   assert 'error: another worker (TF_CONFIG) stopped or never answered' in stderr
   assert waited_s < 200, waited_s
 
-  # Restart both, with a shorter schedule: they resume from the checkpoint.
-  short = ('--config.epochs=3',)
+  # Restart both, with a shorter schedule: they resume from the checkpoint
+  # and train to the end together.
+  short = ('--config.epochs=3', '--config.export=true')
   chief, other = start(0, short), start(1, short)
   outputs = [p.communicate(timeout=600)[1] for p in (chief, other)]
   assert chief.returncode == 0 and other.returncode == 0, outputs[0][-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
-  assert metrics['initial_step'] >= 8 and metrics['num_replicas'] == 2
+  assert metrics['initial_step'] >= 8
+  assert metrics['strategy'] == 'MultiWorkerMirroredStrategy'
+  run = json.loads((workdir / 'run.json').read_text())
+  assert run['resolved']['strategy'] == 'MultiWorkerMirroredStrategy'
+  for output in outputs:
+    assert 'with MultiWorkerMirroredStrategy, 2 replica(s) over 2 worker(s)' \
+        in output
+  assert metrics['num_replicas'] == 2 and metrics['num_workers'] == 2
+  digests = [re.search(r'weights sha256 (\w+)', o).group(1) for o in outputs]
+  assert digests[0] == digests[1] == metrics['weights_sha256'][:16]
+  # Only the chief wrote the workdir, its log file and writer lock included;
+  # one run ended (the first stopped).
+  assert sorted(os.listdir(workdir)) == ['.writer', 'checkpoints', 'export',
+                                         'metrics.json', 'run.json',
+                                         'run.log', 'tensorboard']
+  assert (workdir / 'run.log').read_text().count('] Done: ') == 1
 
 
 # SIGTERM to every worker at once (each VM shutting down) is Slurm's scancel
