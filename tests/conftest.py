@@ -114,6 +114,33 @@ def jax_args(workdir, tfds_dir, *extra, devices=2):
           '--config.checkpoint_every_steps=4', '--config.ema_decay=0.9',
           *NO_EXPORT, *extra)
 
+def network_arithmetic(name, image_size, num_classes=1000):
+  """(parameters, depthwise convolutions, multiply-adds an image) of the
+  network a run or the probe builds, counted from its layers: each convolution's
+  kernel applied at every output position, the head's once."""
+  import math  # pylint: disable=g-import-not-at-top
+  if tf is None:  # Keras' backend is JAX where TensorFlow is absent.
+    os.environ.setdefault('KERAS_BACKEND', 'jax')
+  import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
+  model = models.build_model(name, num_classes, image_size)
+
+  def leaves(layer):
+    inner = getattr(layer, 'layers', None)
+    return [leaf for sub in inner for leaf in leaves(sub)] if inner else [
+        layer]
+
+  depthwise = macs = 0
+  for layer in leaves(model):
+    if isinstance(layer, (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)):
+      height, width = layer.output.shape[1:3]
+      macs += height * width * math.prod(layer.kernel.shape)
+      depthwise += isinstance(layer, keras.layers.DepthwiseConv2D)
+    elif isinstance(layer, keras.layers.Dense):
+      macs += math.prod(layer.kernel.shape)
+  return model.count_params(), depthwise, macs
+
+
 assert tf is None or tf.config.list_logical_devices('CPU'), (
     'TensorFlow sees no CPU')
 
