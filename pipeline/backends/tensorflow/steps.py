@@ -90,7 +90,10 @@ def replica_train_step(model, optimizer, global_batch_size, objective,
                                 objective, **gradient_options)
   compile_gradients = jit_compile and replicas > 1
 
-  @tf.function(jit_compile=(jit_compile and not compile_gradients) or None)
+  # No autograph: the step has no Python control flow on tensors, and
+  # converting it and the model's code adds seconds to every run's start.
+  @tf.function(jit_compile=(jit_compile and not compile_gradients) or None,
+               autograph=False)
   def replica_step(images, labels):
     # Read when traced: a frozen backbone's weights are not among them.
     variables = model.trainable_variables
@@ -218,6 +221,7 @@ def _batch_norm_statistics(model):
 def replica_eval_step(model, num_classes):
   """One replica's eval batch: objective_lib.eval_sums of its logits."""
 
+  @tf.autograph.experimental.do_not_convert  # As replica_train_step's.
   def replica_step(images, labels, weights):
     logits = model(images, training=False)
     return objective_lib.eval_sums(logits, labels, weights, num_classes)
