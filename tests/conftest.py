@@ -114,10 +114,11 @@ def jax_args(workdir, tfds_dir, *extra, devices=2):
           '--config.checkpoint_every_steps=4', '--config.ema_decay=0.9',
           *NO_EXPORT, *extra)
 
+
 def network_arithmetic(name, image_size, num_classes=1000):
   """(parameters, depthwise convolutions, multiply-adds an image) of the
-  network a run or the probe builds, counted from its layers: each convolution's
-  kernel applied at every output position, the head's once."""
+  network a run or the probe builds, counted from its layers: each
+  convolution's kernel applied at every output position, the head's once."""
   import math  # pylint: disable=g-import-not-at-top
   if tf is None:  # Keras' backend is JAX where TensorFlow is absent.
     os.environ.setdefault('KERAS_BACKEND', 'jax')
