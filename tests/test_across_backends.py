@@ -215,10 +215,10 @@ def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
   # counted before XLA optimises it: the same arithmetic, so the figures
   # agree, and each about 3 x 2 FLOPs a multiply-add of the network's
   # layers (the gradients of each layer's input and weights backward),
-  # elementwise work adding less than half again.
+  # elementwise work adding under 30% more (B0 here: 1.04x).
   flops = [r['flops_per_image'] for _, r in rows]
   _, _, macs = network_arithmetic('efficientnet_b0', 32, num_classes=10)
-  assert 6 * macs * 0.95 < flops[0] < 6 * macs * 1.5, (flops, macs)
+  assert 6 * macs * 0.95 < flops[0] < 6 * macs * 1.3, (flops, macs)
   assert flops[1] == pytest.approx(flops[0], rel=0.05)
   for _, r in rows:
     assert r['bytes_per_image'] > 0

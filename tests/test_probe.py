@@ -119,8 +119,9 @@ def _check_every_stage(figures, tmp_path):
   d = stages['d_flops']
   # Forward and backward: each multiply-add twice (2 FLOPs) forward, and
   # the gradients of a layer's input and of its weights backward; the
-  # elementwise work (batch norm, activations) adds less than half again.
-  assert 6 * macs * 0.95 < d['unoptimized_flops_per_image'] < 6 * macs * 1.5, (
+  # elementwise work (batch norm, activations) adds under 30% more (this
+  # network measured 1.19x; B0 in the two-backend benchmark, 1.04x).
+  assert 6 * macs * 0.95 < d['unoptimized_flops_per_image'] < 6 * macs * 1.3, (
       d, macs)
   assert 'unoptimized program' in d['unoptimized_counted']
   assert d['compiled_custom_calls'] == 0 and d['compiled_flops_per_image'] > 0
