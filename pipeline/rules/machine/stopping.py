@@ -144,7 +144,15 @@ def exit_after(stopped):
 def exit_with(status, line):
   """Prints `line` and ends the process with `status` within EXIT_BOUND_S:
   jax.distributed's teardown waits minutes for a host that died."""
-  print(line, file=sys.stderr, flush=True)
+  sys.stderr.flush()
+  # Through file descriptor 2, not sys.stderr: where the console filters
+  # native lines (pipeline/run/environment.py) fd 2 is its pipe, so the line
+  # lands after the native lines written before it (gRPC's, say) instead
+  # of overtaking them on a busy machine; the last line stays the error.
+  try:
+    os.write(2, f'{line}\n'.encode())
+  except OSError:  # The filter has ended.
+    print(line, file=sys.stderr, flush=True)
   timer = threading.Timer(EXIT_BOUND_S, os._exit, (status,))
   timer.daemon = True
   timer.start()
