@@ -91,7 +91,7 @@ NO_EXPORT = ('--config.export=false',)
 
 
 def tiny_args(workdir, tfds_dir, *extra):
-  """Flags for the smallest real run: B0's code at a tenth of its size
+  """Flags for the smallest real run: B0's code at a fraction of its size
   (models.efficientnet_tiny), 32 px, on a slice of digits."""
   return (f'--workdir={workdir}', f'--config.data_dir={tfds_dir}',
           '--config.model=efficientnet_tiny',

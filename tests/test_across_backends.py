@@ -192,7 +192,7 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
 
 # Two backends' compiles, one device each (a second would trace
 # TensorFlow's step twice), of B0 itself: its convolutions are most of its
-# arithmetic, so the two backends' counts agree closely (a tenth of B0
+# arithmetic, so the two backends' counts agree closely (the tiny network
 # spends a larger share in elementwise work, which they count apart).
 @pytest.mark.slow
 def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):

@@ -1,6 +1,6 @@
 """Fine-tuning from another run, in this process, on tiny real runs.
 
-A source run (B0's code at a tenth of its size, with mixup and a moving
+A source run (B0's code at a fraction of its size, with mixup and a moving
 average) trains a few steps. A second run starts from its workdir with the
 backbone frozen for two epochs: the backbone it trains with is the source's moving average (not
 its random start, nor the source's raw weights), and stays so while frozen.

@@ -104,7 +104,7 @@ def test_bad_trees_in_one_line(tmp_path, setup, message):
   assert '\n' not in str(error.value)
 
 
-# B0's code at a tenth of its size: the folders are tested, not the network.
+# B0's code at a fraction of its size: the folders are tested, not the network.
 TINY = '--config.model=efficientnet_tiny'
 
 

@@ -5,7 +5,7 @@ with TPU_SKIP_MDS_QUERY=1); skipped in an environment without JAX. Every
 run is a real `python -m launch.train --backend=jax` over CPU devices: the
 TPU it stands in for cannot exist here. XLA on this CPU compiles B0's
 program for about a minute, so where the network is not what is tested a
-run is B0's code at a tenth of its size (models.efficientnet_tiny), ten
+run is B0's code at a fraction of its size (models.efficientnet_tiny), ten
 steps of 32 images (conftest.jax_args). Runs read across the backends are
 tests/test_across_backends.py's.
 """

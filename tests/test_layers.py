@@ -248,7 +248,7 @@ def _inferred(model, images):
 
 
 def test_the_swap_keeps_names_weights_and_every_checkpoint(tmp_path):
-  """B0's code at a tenth of its size: every batch norm, every 1x1
+  """B0's code at a fraction of its size: every batch norm, every 1x1
   convolution on a 1x1 map and every depthwise convolution is replaced,
   names kept; weights saved from either form load into the other and infer
   the same."""
@@ -259,11 +259,14 @@ def test_the_swap_keeps_names_weights_and_every_checkpoint(tmp_path):
   built = [type(layer) for layer in models.backbone(swapped).layers]
   assert keras.layers.BatchNormalization not in built
   assert keras.layers.DepthwiseConv2D not in built
-  assert built.count(layers.OnePassBatchNormalization) == 22
-  # 7 blocks' squeeze and excite (14), and the last stage's 1x1
-  # convolutions, on a 1x1 map at 32 px (4).
-  assert built.count(layers.Conv1x1AsMatmul) == 18
-  assert built.count(layers.ShiftedDepthwiseConv2D) == 7
+  # The stem's, the head's, and the blocks' (the first block has no
+  # expansion: 3 + 4).
+  assert built.count(layers.OnePassBatchNormalization) == 10
+  # 3 blocks' squeeze and excite (6); at 32 px the other 1x1 convolutions
+  # (expansions, projections, the head's) see maps of 16 to 4 pixels a side
+  # and stay convolutions.
+  assert built.count(layers.Conv1x1AsMatmul) == 6
+  assert built.count(layers.ShiftedDepthwiseConv2D) == 3
   assert ([(w.name, w.shape) for w in ours.weights] ==
           [(w.name, w.shape) for w in swapped.weights])
   images = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3),

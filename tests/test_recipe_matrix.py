@@ -39,7 +39,7 @@ ON_JAX = keras.backend.backend() == 'jax'
 CONFIGS = sorted(name[:-3] for name in os.listdir(
     os.path.join(os.path.dirname(__file__), '..', 'configs'))
                  if name.endswith('.py') and name != '__init__.py')
-# The options run on B0's code at a tenth of its size (the option is what
+# The options run on B0's code at a fraction of its size (the option is what
 # is tested; the shipped configs and the V2 model keep their networks, and
 # fine-tuning B0's weights file needs B0).
 TINY = dict(model='efficientnet_tiny')

@@ -25,7 +25,7 @@ def jpeg_dir(tmp_path_factory, tfds_dir):
 
 
 def _tfrecord_flags(root):
-  """The files, on B0's code at a tenth of its size (the reading is
+  """The files, on B0's code at a fraction of its size (the reading is
   tested, not the network)."""
   return ('--config.dataset=tfrecord', f'--config.train_files={root}/train-*',
           f'--config.eval_files={root}/eval-*', '--config.num_classes=10',

@@ -62,7 +62,7 @@ def _plan(config, workdir):
 def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
                                                              tfds_dir):
   """The pipeline learns: 4 epochs of the default recipe, on B0's code at a
-  tenth of its size (efficientnet_tiny), on the whole digits training set
+  fraction of its size (efficientnet_tiny), on the whole digits training set
   (88 steps of 64) reach an eval accuracy far above chance (0.10).
   Measured, seeds 0-7 (2 cores): 0.68, 0.52, 0.65, 0.61, 0.74, 0.64, 0.39,
   0.55 (mean 0.59; B0 itself: mean 0.54, worst 0.37); the bar, 0.25, is

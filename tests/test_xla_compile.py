@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 
 # Both policies: B0's layers (depthwise and squeeze-excite blocks) at a
-# tenth of its size lower in seconds.
+# fraction of its size lower in seconds.
 @pytest.fixture(params=['float32', 'mixed_bfloat16'])
 def model_and_optimizer(request):
   keras.mixed_precision.set_global_policy(request.param)
