@@ -1,7 +1,8 @@
 """Process settings TensorFlow reads once, as it loads: set them before.
 
 Importable without TensorFlow; the launchers call `prepare(sys.argv)` in
-their first lines, before anything imports TensorFlow.
+their first lines, before anything imports TensorFlow: it sets them, then
+loads Keras (and through it TensorFlow or JAX) without its optional extras.
 """
 
 import argparse
@@ -22,6 +23,15 @@ from pipeline.rules.speed import compile_cache
 from pipeline.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Keras imports scikit-learn (for its sklearn wrappers), matplotlib (its
+# plot utilities) and IPython (its notebook file editor) as it loads, each
+# optional: an ImportError leaves that integration out. A run uses none of
+# them through Keras, and they (SciPy's statistics with them) were half of
+# `import tensorflow, keras` on 2 cores (11 -> 5.9 s). The pipeline's own
+# uses (scikit-learn's digits, the pictures of evaluate and compare) import
+# them later, as usual.
+KERAS_EXTRAS = ('sklearn', 'matplotlib', 'IPython')
 
 # What TensorFlow's and libtpu's native code print at start-up on a machine
 # without the hardware they probe, before any log level applies (they are
@@ -114,6 +124,21 @@ def prepare(argv):
     # leaves oneDNN off on CPUs without AVX-512. An explicit 0 is kept: the
     # run then stops in one line (the TensorFlow backend's graph_rewrite.py).
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
+  load_keras_without_extras()
+
+
+def load_keras_without_extras():
+  """Imports Keras, and through it its backend, with KERAS_EXTRAS not yet
+  loaded kept out (an import of one raises ImportError meanwhile); they
+  import as usual afterwards."""
+  absent = [name for name in KERAS_EXTRAS if name not in sys.modules]
+  sys.modules.update(dict.fromkeys(absent))
+  try:
+    import keras  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
+  finally:
+    for name in absent:
+      if sys.modules.get(name, False) is None:
+        del sys.modules[name]
 
 
 # The filter: its own process, so lines a crash leaves in the pipe (a
