@@ -29,8 +29,8 @@ from pipeline.training import loop
 from pipeline.rules.config import request as request_lib
 
 
-# What is tested is the weights' path, not the network: B0's code at a tenth
-# of its size (fine-tuning's programs for each family are traced by
+# What is tested is the weights' path, not the network: B0's code at a
+# fraction of its size (fine-tuning's programs for each family are traced by
 # test_recipe_matrix.py).
 NETWORK = 'efficientnet_tiny'
 

@@ -260,13 +260,13 @@ def test_the_swap_keeps_names_weights_and_every_checkpoint(tmp_path):
   assert keras.layers.BatchNormalization not in built
   assert keras.layers.DepthwiseConv2D not in built
   # The stem's, the head's, and the blocks' (the first block has no
-  # expansion: 3 + 4).
-  assert built.count(layers.OnePassBatchNormalization) == 10
-  # 3 blocks' squeeze and excite (6); at 32 px the other 1x1 convolutions
-  # (expansions, projections, the head's) see maps of 16 to 4 pixels a side
+  # expansion: 2 + 3 x 3).
+  assert built.count(layers.OnePassBatchNormalization) == 13
+  # 4 blocks' squeeze and excite (8); at 32 px the other 1x1 convolutions
+  # (expansions, projections, the head's) see maps of 16 to 2 pixels a side
   # and stay convolutions.
-  assert built.count(layers.Conv1x1AsMatmul) == 6
-  assert built.count(layers.ShiftedDepthwiseConv2D) == 3
+  assert built.count(layers.Conv1x1AsMatmul) == 8
+  assert built.count(layers.ShiftedDepthwiseConv2D) == 4
   assert ([(w.name, w.shape) for w in ours.weights] ==
           [(w.name, w.shape) for w in swapped.weights])
   images = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3),

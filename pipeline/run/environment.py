@@ -27,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Keras imports scikit-learn (for its sklearn wrappers), matplotlib (its
 # plot utilities) and IPython (its notebook file editor) as it loads, each
 # optional: an ImportError leaves that integration out. A run uses none of
-# them through Keras, and they (SciPy's statistics with them) were half of
-# `import tensorflow, keras` on 2 cores (11 -> 5.9 s). The pipeline's own
+# them through Keras, and they (SciPy's statistics with them) were a third of
+# `import tensorflow, keras` on 2 cores (7.4 -> 4.9 s). The pipeline's own
 # uses (scikit-learn's digits, the pictures of evaluate and compare) import
 # them later, as usual.
 KERAS_EXTRAS = ('sklearn', 'matplotlib', 'IPython')

@@ -1,5 +1,5 @@
 """EfficientNet B0-B7 and EfficientNetV2 (keras.applications), and
-efficientnet_tiny: B0's first three stages, one block each, at a quarter
+efficientnet_tiny: B0's first four stages, one block each, at a quarter
 of its width, for a first check of a setup and the tests where the
 network is not what is tested. Each normalises its own pixels (Rescaling and
 Normalization inside)."""
@@ -16,12 +16,14 @@ V1 = tuple(f'efficientnet_b{i}' for i in range(8))
 V2 = tuple(f'efficientnetv2_{size}'
            for size in ('b0', 'b1', 'b2', 'b3', 's', 'm', 'l'))
 TINY = 'efficientnet_tiny'
-# B0's first three stages: every kind of block it has (expansion 1 and 6,
-# 3x3 and 5x5 depthwise kernels, strides 1 and 2, a residual branch with its
-# stochastic depth), one each. All seven stages traced and compiled in
-# twice the time (a tiny run's start: TensorFlow 30 -> 22 s, JAX 60 -> 34
-# s on 2 cores) and learned digits no better.
-TINY_STAGES = efficientnet.DEFAULT_BLOCKS_ARGS[:3]
+# B0's first four stages: every kind of block it has (expansion 1 and 6,
+# 3x3 and 5x5 depthwise kernels, strides 1 and 2, a residual branch), one
+# each. All seven stages traced and compiled for longer (a tiny run on 2
+# cores, single runs: TensorFlow 31 -> 25 s, JAX about 60 -> 45 s) and
+# learned digits no better; three stages were faster still (21 s, 34 s)
+# but learned features too shallow to carry over: fine-tuning from them did
+# no better than a random start (tests/test_finetune.py).
+TINY_STAGES = efficientnet.DEFAULT_BLOCKS_ARGS[:4]
 # The stochastic depth keras.applications builds every EfficientNet with:
 # block i of n drops its residual branch with probability 0.2 * i / n.
 BUILT_DROP_CONNECT_RATE = 0.2
@@ -32,7 +34,7 @@ class EfficientNet(ModelFamily):
   name = 'efficientnet'
   description = ('EfficientNet B0-B7 (efficientnet_b0 ... _b7), EfficientNetV2 '
                  '(efficientnetv2_b0 ... _b3, _s, _m, _l), and '
-                 "efficientnet_tiny (B0's first 3 stages, a block each, at a "
+                 "efficientnet_tiny (B0's first 4 stages, a block each, at a "
                  'quarter width: for checks)')
   stochastic_depth = ('block i of n drops its residual branch with '
                       'probability about drop_connect_rate * i / n')
