@@ -34,6 +34,8 @@ NOISE = re.compile(r'cuda|cuInit|Downloading and preparing|Sharding callback|'
 # these, the console never. Issue 26 saw launch.benchmark print the plan
 # this way on a GPU, from a version that did not set up the console.
 ABSL_INFO = re.compile(r'^I\d{4} \d\d:\d\d:\d\d', re.M)
+# A launcher's path, as argv[0] of a script that starts as launchers do.
+LAUNCHER = os.path.join(REPO, 'launch', 'train.py')
 
 
 def _on_a_terminal(args):
@@ -103,9 +105,9 @@ def test_real_tensorflow_warnings_still_show(tmp_path):
       'import sys\n'
       f'sys.path.insert(0, {REPO!r})\n'
       'from pipeline.run import environment\n'
-      '# What a launcher run as a program does before TensorFlow loads.\n'
-      'environment.prepare(sys.argv)\n'
-      'environment.filter_native_stderr()\n'
+      '# What a launcher run as a program does before TensorFlow loads\n'
+      '# (a path in launch/ is what puts the filter in place).\n'
+      f'environment.prepare([{LAUNCHER!r}])\n'
       'import tensorflow as tf\n'
       '# Native: a cache that is not read to its end.\n'
       'list(tf.data.Dataset.range(10).cache().take(2))\n'
@@ -155,8 +157,7 @@ def test_native_lines_about_the_run_go_to_the_log_file_only(tmp_path):
       'import os, sys\n'
       f'sys.path.insert(0, {REPO!r})\n'
       'from pipeline.run import environment\n'
-      'environment.prepare(sys.argv)\n'
-      'environment.filter_native_stderr()\n'
+      f'environment.prepare([{LAUNCHER!r}])\n'
       'import tensorflow as tf\n'
       + compile_an_assert +
       f'environment.native_lines_to({str(log)!r})\n'
