@@ -193,14 +193,16 @@ def test_a_tensorflow_run_is_evaluated_and_tuned_on_jax_and_resumes_on_tensorflo
 # Two backends' compiles, one device each (a second would trace
 # TensorFlow's step twice), of B0 itself: its convolutions are most of its
 # arithmetic, so the two backends' counts agree closely (the tiny network
-# spends a larger share in elementwise work, which they count apart).
+# spends a larger share in elementwise work, which they count apart). A
+# batch of 8, one step an execution: B0's compiles are the test, and JAX's
+# B0 runs about 25 images/s on this CPU.
 @pytest.mark.slow
 def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
   output = tmp_path / 'backends.json'
   result = run_module(
       'launch.benchmark', '--backends=tensorflow,jax',
-      f'--config.data_dir={tfds_dir}', '--config.global_batch_size=32',
-      '--config.steps_per_execution=2', '--num_executions=2',
+      f'--config.data_dir={tfds_dir}', '--config.global_batch_size=8',
+      '--config.steps_per_execution=1', '--num_executions=2',
       f'--output={output}')
   assert result.returncode == 0, result.stderr[-3000:]
   rows = json.loads(output.read_text())['backends']
@@ -265,9 +267,9 @@ def test_without_cost_analysis_the_benchmark_prints_every_other_figure(
   output = tmp_path / 'backends.json'
   result = run_module(
       'launch.benchmark', '--backends=tensorflow,jax',
-      f'--config.data_dir={tfds_dir}', '--config.global_batch_size=32',
+      f'--config.data_dir={tfds_dir}', '--config.global_batch_size=8',
       '--config.model=efficientnet_tiny',
-      '--config.steps_per_execution=2', '--num_executions=2',
+      '--config.steps_per_execution=1', '--num_executions=2',
       f'--output={output}', env={'PYTHONPATH': str(tmp_path / 'site')})
   assert result.returncode == 0, result.stderr[-3000:]
   rows = dict(json.loads(output.read_text())['backends'])

@@ -79,6 +79,7 @@ def test_a_terminal_shows_the_run_and_a_live_bar(tmp_path):
   code, terminal = _on_a_terminal(
       [f'--workdir={tmp_path / "run"}',
        f'--config.data_dir={tmp_path / "fresh_tfds"}',
+       '--config.model=efficientnet_tiny',
        '--config.train_split=train[:128]', '--config.epochs=2',
        '--config.global_batch_size=32', '--config.steps_per_execution=1',
        '--config.log_every_steps=8', '--config.eval_every_epochs=0'])

@@ -15,10 +15,10 @@ the run compiles is traced with that batch's shapes:
   so a case costs seconds where a compile costs a minute on this CPU;
 - on TensorFlow each tf.function is traced (about 25 s a case here): in the
   slow tier, as TensorFlow's options are trained by test_recipe.py and the
-  end-to-end tests. The shipped configs trace on this machine's two
-  replicas; the options on one, since MirroredStrategy traces a step once
-  for each replica (twice the time), and replicas are what
-  test_recipe.py's mirrored cases and the end-to-end runs test.
+  end-to-end tests. Every case traces on one replica, since
+  MirroredStrategy traces a step once for each replica (twice the time),
+  and replicas are what test_recipe.py's mirrored cases and the end-to-end
+  runs test.
 
 A whole run of configs/imagenet.py on JAX is BUILD_NOTES.md's command.
 """
@@ -100,13 +100,13 @@ def test_every_program_of_the_run_traces(config_name, fields, tfds_dir,
                                          weights_file):
   config = _digits(importlib.import_module(f'configs.{config_name}')
                    .get_config(), tfds_dir)
-  option, fields = bool(fields), dict(fields)
+  fields = dict(fields)
   policy = fields.pop('policy', 'float32')
   config.update(fields)
   if config.init_from == 'WEIGHTS':
     config.init_from = weights_file
   one_replica = None
-  if option and not ON_JAX:  # See the docstring.
+  if not ON_JAX:  # See the docstring.
     from pipeline.rules.machine import hardware  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     one_replica = hardware.Hardware(tf.distribute.get_strategy(), 'CPU',
