@@ -13,7 +13,6 @@ util-linux, run as root, without munge (auth/none).
 """
 
 import contextlib
-import fcntl
 import os
 import socket
 import subprocess
@@ -24,11 +23,6 @@ BRIDGE = 'slurmbr0'
 SUBNET = '10.213.0'
 HOSTS = '/etc/hosts'
 _MARK = '# tests/slurm_nodes.py'
-# One cluster at a time on a machine: its names, addresses and bridge are
-# fixed, and .ci/run runs TensorFlow's slow tier beside the JAX tier, each
-# with this module. The second waits (below pytest's 900 s a test).
-LOCK = '/tmp/pipeline-tests-slurm.lock'
-LOCK_WAIT_S = 780
 
 
 def missing():
@@ -120,35 +114,10 @@ def _network(nodes):
 
 
 @contextlib.contextmanager
-def _alone_on_this_machine():
-  """Holds LOCK while a cluster runs; waits up to LOCK_WAIT_S for it."""
-  with open(LOCK, 'w') as lock:
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-      try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        break
-      except BlockingIOError:
-        if time.monotonic() > deadline:
-          raise AssertionError(f'another test Slurm held {LOCK} for '
-                               f'{LOCK_WAIT_S} s') from None
-        time.sleep(2)
-    yield
-
-
-@contextlib.contextmanager
 def cluster(root, num_nodes=2, gpus=4):
-  """Starts `num_nodes` Slurm nodes of `gpus` stand-in GPUs each (once
-  another test session's have stopped); yields the environment Slurm's
-  commands need (SLURM_CONF, this Python first on PATH) and stops
-  everything after."""
-  with _alone_on_this_machine():
-    with _cluster(root, num_nodes, gpus) as env:
-      yield env
-
-
-@contextlib.contextmanager
-def _cluster(root, num_nodes, gpus):
+  """Starts `num_nodes` Slurm nodes of `gpus` stand-in GPUs each; yields
+  the environment Slurm's commands need (SLURM_CONF, this Python first on
+  PATH) and stops everything after."""
   nodes = [(f'slurmnode{i}', f'{SUBNET}.{10 + i}') for i in range(num_nodes)]
   for index in range(gpus):
     path = f'/dev/slurmtestgpu{index}'
