@@ -98,9 +98,8 @@ def requested_policy(argv):
 def prepare(argv):
   """Sets TensorFlow's and Keras' load-time switches for the run `argv`
   asks for, then loads Keras (load_keras_without_extras); a one-line exit
-  for a backend that cannot run. From here on,
-  SIGTERM and Ctrl-C end the process in one line
-  (pipeline/rules/machine/stopping.py)."""
+  for a backend that cannot run. From here on, SIGTERM and Ctrl-C end the
+  process in one line (pipeline/rules/machine/stopping.py)."""
   stopping.install()
   try:
     backends.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
