@@ -202,7 +202,8 @@ def run(main):
   lines and warnings, other libraries' INFO kept out), the config loaded
   (one line for a file that does not), and a UserError or a stop (SIGTERM,
   Ctrl-C: whatever was in progress saved) ending the process in one line.
-  `main` returns the exit status (None: 0)."""
+  `main` returns the exit status (None: 0); the process then ends without
+  Python's teardown (stopping.end_finished)."""
 
   def absl_main(argv):
     if len(argv) > 1:
@@ -215,7 +216,7 @@ def run(main):
       stopping.exit_with(1, f'error: {e}')
     except Stopped as e:
       stopping.exit_after(e)
-    sys.exit(status or 0)
+    stopping.end_finished(status or 0)
 
   app.run(absl_main, flags_parser=parse_flags)
 
