@@ -120,9 +120,6 @@ def _train_and_evaluate(plan, extra_actions):
         config.export and export.export_run(plan, trainer, 'export_best')
         or None))
   if hardware.is_chief:
-    # Both, before they are published: the process ends without Python's
-    # teardown, which would flush them (stopping.end_finished).
-    train_writer.flush()
     eval_writer.flush()
     workdir.publish('tensorboard')
     workdir.write_json('metrics.json', result)

@@ -165,8 +165,9 @@ def end_finished(status):
   logging's flush, the console filter's drain, JAX's shutdown; then the
   standard streams flushed) but without its teardown, which frees
   TensorFlow's and Keras' objects one at a time: 2 s of CPU after a tiny
-  run of 20. Whatever a run writes is closed or flushed by then
-  (checkpoints, metrics, TensorBoard's writers: pipeline/training/loop.py)."""
+  run of 21. Whatever a run writes is closed or flushed by then
+  (checkpoints, metrics; TensorBoard's writers flush as each `with
+  writer.as_default()` block ends)."""
   for thread in threading.enumerate():
     if thread is not threading.current_thread() and not thread.daemon:
       thread.join()
