@@ -173,6 +173,11 @@ def end_finished(status):
       thread.join()
   import atexit  # pylint: disable=g-import-not-at-top
   atexit._run_exitfuncs()  # pylint: disable=protected-access
+  # mpi4py (JAX's join under Open MPI 5) finalizes MPI in Python's
+  # teardown; mpirun fails a job whose process exits without it.
+  mpi = sys.modules.get('mpi4py.MPI')
+  if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    mpi.Finalize()
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
