@@ -94,7 +94,7 @@ class _Worker:
   index: int
   log_path: str
   process: subprocess.Popen = None
-  copying: threading.Thread = None
+  copying: tuple = ()  # The threads copying its stdout and its stderr.
   received: int = 0  # Bytes of the trainer's own log shown so far.
   reconnects: int = 0  # Since the last healthy stretch.
   followed_at: float = 0.0  # When the current connection began.
@@ -108,7 +108,8 @@ class _Worker:
     code = self.process.poll()
     if code is None:
       return None
-    self.copying.join(timeout=10)  # Its last lines, ENDED among them.
+    for thread in self.copying:  # Its last lines, ENDED among them.
+      thread.join(timeout=10)
     return self.ended if self.ended is not None else _Lost(
         code, self.gcloud_said, self.unreadable)
 
@@ -182,12 +183,12 @@ def _follow(pod, worker, command, out):
       stderr=subprocess.PIPE, start_new_session=True)
   worker.followed_at = time.monotonic()
   lock = threading.Lock()
-  worker.copying = threading.Thread(
-      target=_copy, args=(worker, out if worker.index == 0 else None, lock),
-      daemon=True)
-  worker.copying.start()
-  threading.Thread(target=_copy_gcloud, args=(worker, lock),
-                   daemon=True).start()
+  worker.copying = (
+      threading.Thread(target=_copy, daemon=True, args=(
+          worker, out if worker.index == 0 else None, lock)),
+      threading.Thread(target=_copy_gcloud, args=(worker, lock), daemon=True))
+  for thread in worker.copying:
+    thread.start()
 
 
 def _copy(worker, out, lock):
