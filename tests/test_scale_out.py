@@ -388,10 +388,10 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path,
   assert 4 <= stopped < 24
   assert 'Another worker got SIGTERM' in outputs[0]
 
-  processes = start(epochs=6)  # 48 steps: the rest of a shorter run.
+  processes = start(epochs=4)  # 32 steps: the rest of a shorter run.
   outputs = [p.communicate(timeout=600)[1] for p in processes]
   for process, output in zip(processes, outputs):
     assert process.returncode == 0, output[-3000:]
-    assert f'Resuming at step {stopped} of 48' in output
+    assert f'Resuming at step {stopped} of 32' in output
   metrics = json.loads((workdir / 'metrics.json').read_text())
-  assert metrics['train_steps'] == 48 - stopped
+  assert metrics['train_steps'] == 32 - stopped
