@@ -71,14 +71,9 @@ def test_float16_trains_with_dynamic_loss_scaling_over_two_devices(
     (['--xla=off'], '--xla=off: JAX compiles every program with XLA'),
     (['--backend=auto', '--tpu=local'], '--tpu=local: JAX finds no TPU on '
      'this host'),
-    # Hardware settings only TensorFlow honours, or hardware not there.
+    # Hardware not there, or a setting only TensorFlow honours (the rest of
+    # them below, in this process: the same check raises them).
     (['--gpus=3'], "--gpus=3: '3' is not a visible GPU; visible GPUs: none"),
-    (['--collective=ring'], "--collective=ring picks TensorFlow's "
-     'all-reduce; on the JAX backend XLA chooses the collectives'),
-    (['--split_gpus=2'], "--split_gpus=2 makes logical GPUs for "
-     "TensorFlow's MirroredStrategy; JAX runs one replica per GPU"),
-    (['--tpu_runtime_version=2.12.0'], '--tpu_runtime_version=2.12.0 applies '
-     'to TPU Nodes, which TensorFlow drives'),
     (['TF_CONFIG'], 'TF_CONFIG joins TensorFlow workers; on the JAX backend '
      'hosts join through JAX_COORDINATOR_ADDRESS'),
 ])
@@ -97,6 +92,35 @@ def test_what_jax_cannot_do_here_is_one_line(flags, message, tfds_dir,
   if '--tpu=local' in flags:  # It chose JAX for the TPU, and said why.
     assert ('Backend: jax (--tpu=local and no TensorFlow TPU build is '
             'installed (tensorflow-tpu); Keras runs on JAX)') in result.stderr
+
+
+@pytest.mark.parametrize('setting, message', [
+    (dict(collective='ring'), "--collective=ring picks TensorFlow's "
+     'all-reduce; on the JAX backend XLA chooses the collectives'),
+    (dict(collective_timeout_s=60), "--collective_timeout_s bounds "
+     "TensorFlow's collectives; on the JAX backend "
+     'JAX_INITIALIZATION_TIMEOUT_S'),
+    (dict(split_gpus=2), "--split_gpus=2 makes logical GPUs for "
+     "TensorFlow's MirroredStrategy; JAX runs one replica per GPU"),
+    (dict(tpu_runtime_version='2.12.0'), '--tpu_runtime_version=2.12.0 '
+     'applies to TPU Nodes, which TensorFlow drives'),
+    (dict(tpu_zone='us-central1-b'), '--tpu_zone=us-central1-b applies to '
+     'TPU Nodes'),
+    (dict(), None),
+])
+def test_each_setting_only_tensorflow_honours_is_named(setting, message):
+  """The check that stops a JAX run on TF_CONFIG above, for each hardware
+  flag only TensorFlow honours: the run raises its line as it does
+  TF_CONFIG's."""
+  from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.config import request as request_lib  # pylint: disable=g-import-not-at-top
+  problem = devices.unsupported_settings(request_lib.Request(**setting),
+                                         environ={})
+  if message is None:
+    assert problem is None
+  else:
+    assert problem.startswith(message) and problem.endswith(
+        'or pass --backend=tensorflow'), problem
 
 
 def test_gpus_that_jax_cannot_see_stop_the_run_naming_the_fix(tfds_dir,
