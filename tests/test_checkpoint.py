@@ -3,6 +3,7 @@
 import gc
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -33,6 +34,10 @@ def test_commit_marker_last_newest_restored_old_pruned(emulator, tmp_path):
   # A fresh machine: empty staging, newest committed checkpoint restored.
   fresh, fresh_value, _ = _checkpointer(url, tmp_path / 'b')
   assert fresh.restore_latest() == 30 and float(fresh_value.numpy()) == 30.0
+  # The uploads' threads are gone with their uploads, though the saver
+  # lives on: the launcher's exit joins every thread that is not a daemon.
+  assert not [t.name for t in threading.enumerate()
+              if t.name.startswith('checkpoint-upload')]
 
 
 def test_uncommitted_upload_is_ignored_and_cleaned(emulator, tmp_path):

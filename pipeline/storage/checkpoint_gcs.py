@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import threading
 
 from absl import logging
 from google.api_core import exceptions
@@ -60,10 +61,6 @@ class CommittedSeries:
     self.local_dir = local_dir
     self.max_to_keep = max_to_keep
     self.uploads = uploads
-    # One upload at a time, in order; each future holds its upload's error.
-    self._executor = (concurrent.futures.ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix='checkpoint-upload')
-                      if uploads else None)
     self._pending = []  # Futures not yet reported, oldest first.
 
   @property
@@ -167,15 +164,29 @@ class CommittedSeries:
     if len(running) > 1:  # One uploading and one queued: wait for the first.
       concurrent.futures.wait(running[:1])
     previous = self._pending[-1] if self._pending else None
-    self._pending.append(self._executor.submit(self._upload_after, previous,
-                                               step))
+    future = concurrent.futures.Future()
+    # A thread for each upload, ended with it, never an idle pool worker:
+    # the launcher's exit joins the threads that are not daemons
+    # (stopping.end_finished), and a pool's worker waits for work until its
+    # pool is collected: a run that survived an outage kept it referenced
+    # and hung at its end.
+    threading.Thread(target=self._upload_after, args=(previous, step, future),
+                     name=f'checkpoint-upload-{step}').start()
+    self._pending.append(future)
 
-  def _upload_after(self, previous, step):
+  def _upload_after(self, previous, step, future):
     """Uploads `step` unless the upload before it failed: then this one
-    stays staged too, for the next start to finish, and fails the same."""
-    if previous is not None and previous.exception() is not None:
-      raise previous.exception()
-    self._upload(step)
+    stays staged too, for the next start to finish, and fails the same.
+    Uploads run in order, each after the one before; `future` gets the
+    outcome."""
+    try:
+      if previous is not None and previous.exception() is not None:
+        raise previous.exception()
+      self._upload(step)
+    except BaseException as e:  # pylint: disable=broad-except
+      future.set_exception(e)
+    else:
+      future.set_result(None)
 
   def _upload(self, step):
     staged = os.path.join(self._staged_root(), f'ckpt-{step}')
