@@ -72,6 +72,10 @@ def _config(root, nodes, gpus, port):
       # A requeued job waits out the credentials' lifetime (120 s by
       # default) before it starts again.
       'AuthInfo=cred_expire=10', 'MinJobAge=600',
+      # Then it waits for the scheduler's next pass, every 60 s (30 for
+      # backfill) by default: JAX's tasks started again 43 s after a
+      # requeue so, 14 s with passes every 2 s.
+      'SchedulerParameters=sched_interval=2,bf_interval=2',
       *(f'NodeName={name} NodeAddr={address} CPUs={cpus} Gres=gpu:{gpus} '
         'State=UNKNOWN' for name, address in nodes),
       'PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP '

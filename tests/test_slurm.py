@@ -278,10 +278,13 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
   assert 'Traceback' not in output, output[-3000:]
   assert _exited(output, 1) == {0}, output[-3000:]
 
-  # The same srun, shortened to 2 epochs (16 steps): resumes and finishes.
-  again = subprocess.run([*command[:-1], '--config.epochs=2'], cwd=REPO,
-                         env=tasks_env, capture_output=True, text=True,
-                         timeout=900)
+  # The same srun, ended two epochs past the newest checkpoint (how far
+  # the run got before the kill is the machine's speed): resumes there and
+  # finishes.
+  total = (newest // 8 + 2) * 8
+  again = subprocess.run([*command, f'--config.epochs={total // 8}'],
+                         cwd=REPO, env=tasks_env, capture_output=True,
+                         text=True, timeout=900)
   output = again.stdout + again.stderr
   assert again.returncode == 0, output[-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
@@ -289,8 +292,8 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
       'Slurm (job ')
   # It resumed from the newest checkpoint, no older than those committed
   # before the kill.
-  assert max(committed) <= newest == metrics['initial_step'] <= 16
-  assert f'Resuming at step {metrics["initial_step"]} of 16' in output
+  assert max(committed) <= newest == metrics['initial_step'] < total
+  assert f'Resuming at step {newest} of {total}' in output
   # Only rank 0 wrote the workdir: one end in its log, both runs' starts.
   run_log = (workdir / 'run.log').read_text()
   assert run_log.count('] Done: ') == 1 and run_log.count('] Run: ') == 2
@@ -344,7 +347,8 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
   on each node with all of its GPUs."""
   workdir = tmp_path / 'run'
   script = os.path.join(REPO, 'launch', 'train.sbatch')
-  args = _train_args(workdir, tfds_dir, 2)
+  # Long enough that scancel finds it training on any machine.
+  args = _train_args(workdir, tfds_dir, 20)
   sbatch = ['sbatch', '--parsable', '--gpus-per-node=4']
   first_log = tmp_path / 'first.out'
   # Submitted from another folder: the script finds its checkout.
@@ -363,13 +367,16 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
                           'committed', output).group(1))
   assert 'Traceback' not in output
 
+  # The same sbatch, the run ended two epochs past the stop.
+  total = (stopped // 8 + 2) * 8
   second_log = tmp_path / 'second.out'
   second = subprocess.run(
-      [*sbatch, '--wait', f'--output={second_log}', script, *args],
+      [*sbatch, '--wait', f'--output={second_log}', script, *args,
+       f'--config.epochs={total // 8}'],
       cwd=tmp_path, env=slurm, check=True, timeout=900, capture_output=True,
       text=True)
   output = second_log.read_text()
-  assert f'Resuming at step {stopped} of 16' in output, output[-3000:]
+  assert f'Resuming at step {stopped} of {total}' in output, output[-3000:]
   metrics = json.loads((workdir / 'metrics.json').read_text())
   assert (metrics['initial_step'], metrics['num_workers']) == (stopped, 2)
   assert metrics['joined_by'] == f'Slurm (job {second.stdout.strip()})'
