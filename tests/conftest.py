@@ -116,9 +116,10 @@ def jax_args(workdir, tfds_dir, *extra, devices=2):
 
 
 def network_arithmetic(name, image_size, num_classes=1000):
-  """(parameters, depthwise convolutions, multiply-adds an image) of the
-  network a run or the probe builds, counted from its layers: each
-  convolution's kernel applied at every output position, the head's once."""
+  """(parameters, depthwise convolutions, multiply-adds, activations) an
+  image of the network a run or the probe builds, counted from its layers:
+  each convolution's kernel applied at every output position, the head's
+  once; the elements each layer reads and writes, summed."""
   import math  # pylint: disable=g-import-not-at-top
   if tf is None:  # Keras' backend is JAX where TensorFlow is absent.
     os.environ.setdefault('KERAS_BACKEND', 'jax')
@@ -131,7 +132,10 @@ def network_arithmetic(name, image_size, num_classes=1000):
     return [leaf for sub in inner for leaf in leaves(sub)] if inner else [
         layer]
 
-  depthwise = macs = 0
+  def elements(tensors):
+    return sum(math.prod(t.shape[1:]) for t in keras.tree.flatten(tensors))
+
+  depthwise = macs = activations = 0
   for layer in leaves(model):
     if isinstance(layer, (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)):
       height, width = layer.output.shape[1:3]
@@ -139,7 +143,9 @@ def network_arithmetic(name, image_size, num_classes=1000):
       depthwise += isinstance(layer, keras.layers.DepthwiseConv2D)
     elif isinstance(layer, keras.layers.Dense):
       macs += math.prod(layer.kernel.shape)
-  return model.count_params(), depthwise, macs
+    if not isinstance(layer, keras.layers.InputLayer):
+      activations += elements(layer.input) + elements(layer.output)
+  return model.count_params(), depthwise, macs, activations
 
 
 assert tf is None or tf.config.list_logical_devices('CPU'), (

@@ -101,7 +101,8 @@ def _check_every_stage(figures, tmp_path):
     assert 'skipped' not in stage and 'failed' not in stage, (name, stage)
   assert figures['machine']['platform'] == 'cpu'
   assert figures['config']['batch_norm'] == 'one_pass'
-  parameters, depthwise, macs = network_arithmetic('efficientnet_tiny', 32)
+  parameters, depthwise, macs, _ = network_arithmetic('efficientnet_tiny',
+                                                     32)
   a, b = stages['a_device_rate'], stages['b_staged_input']
   assert a['compile_s'] > 0 and a['images_per_sec'] > 0
   assert a['policy'] == 'mixed_bfloat16' and a['global_batch_size'] == 16
