@@ -216,16 +216,18 @@ def test_a_dropped_connection_leaves_the_trainers_running(tmp_path,
 
 
 def test_connections_that_keep_dropping_are_followed_to_the_end(tmp_path):
-  """Worker 1's every connection drops after 2 s, mid-line: each stayed
-  up longer than --healthy_s, so the count starts again and the launcher
-  follows its trainer (a stand-in writing 150 lines over 15 s) to the end,
-  however many drops that takes. Its log is the trainer's exactly, every
-  byte once (the offset counts the trainer's output alone, not ssh's
-  lines, which are kept apart)."""
+  """Worker 1's every connection drops after 2 s: each stayed up longer
+  than --healthy_s, so the count starts again and the launcher follows its
+  trainer (a stand-in writing 150 lines over 15 s, each half of a line
+  0.1 s before its end, so the drops come mid-line) to the end, however
+  many drops that takes. Its log is the trainer's exactly, every byte
+  once, each line whole (a line cut off is sent again, whole, by the next
+  connection; ssh's lines are kept apart, each on a line of its own)."""
   name = f'slice-{uuid.uuid4().hex[:8]}'
   python = tmp_path / 'python-lines'
-  python.write_text('#!/bin/sh\nfor i in $(seq 150); do echo "step $i of 150: '
-                    'loss 0.$i"; sleep 0.1; done\necho "Done: trained"\n')
+  python.write_text('#!/bin/sh\nfor i in $(seq 150); do printf "step $i of '
+                    '150: "; sleep 0.1; echo "loss 0.$i"; done\n'
+                    'echo "Done: trained"\n')
   python.chmod(0o755)
   result = _launch(tmp_path, [{}, {}], [], '--reconnect_wait_s=0.2',
                    '--healthy_s=1', name=name, drops='1', up_s=2,

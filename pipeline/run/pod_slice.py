@@ -192,9 +192,15 @@ def _follow(pod, worker, command, out):
 
 
 def _copy(worker, out, lock):
-  """The trainer's log as it comes; its follower's ENDED line kept apart
-  (one that does not end in a number is no status: _Lost says so)."""
+  """The trainer's log as it comes, whole lines only; its follower's ENDED
+  line kept apart (one that does not end in a number is no status: _Lost
+  says so)."""
   for line in worker.process.stdout:
+    if not line.endswith(b'\n'):
+      # Cut off by a dropped connection (the follower ends the log's last
+      # line itself): uncounted, so the next connection sends it whole,
+      # and ssh's next line is not written onto it.
+      break
     text = line.decode('utf-8', 'replace')
     if text.startswith(ENDED):
       try:
