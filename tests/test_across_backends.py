@@ -229,7 +229,7 @@ def test_benchmark_measures_both_backends_side_by_side(tfds_dir, tmp_path):
     # written), and the weights read and their gradients written once for
     # the 8 images of a step (B0 here: 13.6 MB; TensorFlow's program 93,
     # JAX's 74).
-    assert r['bytes_per_image'] > 2 * 4 * activations + parameters * 8 / 8, (
+    assert r['bytes_per_image'] > 2 * 4 * (activations + parameters / 8), (
         r['bytes_per_image'], activations, parameters)
     assert r['achieved_flops_per_sec'] == pytest.approx(
         r['flops_per_image'] * r['train_synthetic_images_per_sec'])
