@@ -101,6 +101,9 @@ def _recipe(config):
   config.weight_decay = 0.05  # Decoupled (the optimizer's), not in the loss.
   config.l2_weight_decay = 0.0  # l2 * sum(w^2) / 2 in the loss instead.
   config.label_smoothing = 0.1
+  # Gradients clipped to this global norm before each update (after the
+  # loss scale is taken out); 0 is off. The progress lines give the norm.
+  config.grad_clip_norm = 0.0
   # Moving average of the weights, evaluated and exported; 0 is off.
   # Its decay warms up as min(ema_decay, (1 + n) / (10 + n)) over updates.
   config.ema_decay = 0.0

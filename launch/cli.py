@@ -110,6 +110,12 @@ except (AttributeError, KeyError, OSError) as e:
 WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Where checkpoints, logs, metrics and the export go; '
     'rerunning with the same workdir resumes. Default: runs/<model>_<dataset>.')
+ACCEPT_CHANGES = flags.DEFINE_list(
+    'accept_changes', [], 'Settings (config keys, or policy) a rerun may '
+    'change in the run its --workdir holds: it trains on from its last '
+    'checkpoint under the new values, and run.json records each change; '
+    'e.g. epochs, to extend a run. Any other change is refused (with '
+    '--workdir) or trains in a workdir of its own (the default one).')
 TPU = flags.DEFINE_string(
     'tpu', '', "TPU name, 'local' (TPU VM, Colab) or grpc://host:port; "
     'empty: no TPU.')
@@ -237,10 +243,13 @@ def request(config, workdir_default=True):
   # tf.distribute logs every all-reduce it plans at INFO: noise, not progress.
   tf.get_logger().setLevel('WARNING')
   workdir = WORKDIR.value
-  if workdir is None and workdir_default:
+  default_workdir = workdir is None and workdir_default
+  if default_workdir:
     workdir = os.path.join('runs', f'{config.model}_{config.dataset}')
   return request_lib.Request(
-      workdir=workdir, staging_dir=STAGING_DIR.value, policy=POLICY.value,
+      workdir=workdir, default_workdir=default_workdir,
+      accept_changes=tuple(ACCEPT_CHANGES.value),
+      staging_dir=STAGING_DIR.value, policy=POLICY.value,
       xla=XLA.value, tpu=TPU.value, tpu_zone=TPU_ZONE.value,
       gcp_project=GCP_PROJECT.value,
       tpu_runtime_version=TPU_RUNTIME_VERSION.value, gpus=GPUS.value,

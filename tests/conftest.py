@@ -6,6 +6,7 @@ test in this process can build a real MirroredStrategy over 2 replicas.
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -226,6 +227,29 @@ def pytest_runtest_setup(item):
   deadline = os.environ.get('PIPELINE_TEST_DEADLINE')
   if deadline and time.time() > float(deadline):
     pytest.skip('CI time budget spent (PIPELINE_TEST_DEADLINE)')
+
+
+def check_progress_lines(output, total_steps):
+  """Every progress line gives the gradient's norm (a positive finite
+  number) and the time left: 'estimating' on the first (its execution
+  compiled), then the run's end and the next evaluation, 'final eval next'
+  on the last; the Done line gives the wall time. Returns the norms."""
+  import math  # pylint: disable=g-import-not-at-top
+  lines = re.findall(r'step (\d+)/%d \(epoch .*' % total_steps, output)
+  found = re.findall(r'step (\d+)/%d \(epoch [^)]*\): .* grad norm '
+                     r'([\d.e+-]+), lr .*; (.*)$' % total_steps, output, re.M)
+  assert found and len(found) == len(lines), output[-3000:]
+  norms = [float(norm) for _, norm, _ in found]
+  assert all(math.isfinite(n) and n > 0 for n in norms), found
+  assert found[0][2] == 'time left: estimating', found
+  assert found[-1][0] == str(total_steps), found
+  assert found[-1][2] == 'final eval next', found
+  for step, _, left in found[1:-1]:
+    assert re.fullmatch(r'(\d+m )?\d+s left, next eval in (\d+m )?\d+s',
+                        left), (step, left)
+  assert re.search(r'Done: eval_accuracy .* wall time (\d+m )?\d+s, ',
+                   output), output[-2000:]
+  return norms
 
 
 def tree_digest(root):

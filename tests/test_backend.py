@@ -106,7 +106,7 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
                                        backends.load(backend_now) if trains
                                        else None)
   if not refused:
-    assert check() is True
+    assert check()['resolved'] == resolved
     return
   with pytest.raises(UserError) as raised:
     check()

@@ -191,6 +191,32 @@ def test_the_loss_curve_has_at_most_200_points(total_steps, points):
   assert len(steps) == points
 
 
+@pytest.mark.parametrize('step, every, per_step, says', [
+    (4, 0, None, 'time left: estimating'),
+    # 96 steps of 1.25 s left; no periodic evaluation: the next is the last.
+    (4, 0, 1.25, '2m 00s left, next eval in 2m 00s'),
+    (4, 10, 1.25, '2m 00s left, next eval in 8s'),
+    (10, 10, 1.25, '1m 52s left, next eval in 12s'),
+    (95, 10, 1.25, '6s left, next eval in 6s'),  # The last is the 100th.
+    (4, 10, 60.0, '1h 36m left, next eval in 6m 00s'),
+    (100, 10, 1.25, 'final eval next'),
+])
+def test_the_time_left_to_the_end_and_the_next_evaluation(step, every,
+                                                          per_step, says):
+  from pipeline.training import progress  # pylint: disable=g-import-not-at-top
+  assert progress.time_left(step, 100, every, per_step) == says
+
+
+def test_the_meter_times_steps_without_the_compiling_execution():
+  from pipeline.training import progress  # pylint: disable=g-import-not-at-top
+  meter = progress.Meter(global_batch_size=8)
+  meter.add(4, 30.0, 0.0)  # Traced and compiled: not a step's time.
+  assert meter.seconds_per_step() is None
+  meter.add(4, 2.0, 0.5)
+  meter.add(2, 1.0, 0.0)
+  assert meter.seconds_per_step() == 0.5
+
+
 def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   """The plan lines under README's "What a run does" against a dry run of
   the same command today: equal, but for the time, the workdir, the free

@@ -22,6 +22,7 @@ import time
 import pytest
 import tensorflow as tf
 
+from conftest import check_progress_lines
 from conftest import free_port
 from conftest import jax_args
 from conftest import REPO
@@ -62,7 +63,9 @@ def test_float16_trains_with_dynamic_loss_scaling_over_two_devices(
   for path in (workdir / 'tensorboard' / 'train').glob('events.out.*'):
     for event in tf.compat.v1.train.summary_iterator(str(path)):
       tags.update(value.tag for value in event.summary.value)
-  assert {'loss_scale', 'skipped_steps'} <= tags
+  assert {'loss_scale', 'skipped_steps', 'grad_norm'} <= tags
+  # The norm is the gradient's, the loss scale (2**15 or so) taken out.
+  assert max(check_progress_lines(result.stderr, 10)) < 100
 
 
 @pytest.mark.parametrize('flags, message', [

@@ -341,3 +341,45 @@ def test_float16_divergence_is_seen_through_the_loss_scale(tmp_path):
       execution()
   finally:
     keras.mixed_precision.set_global_policy('float32')
+
+
+@pytest.mark.parametrize('loss_scaled', [False, True])
+def test_the_gradient_norm_is_the_whole_batchs_unscaled_and_unclipped(
+    mirrored, loss_scaled):
+  """Over 2 replicas the step reports the global norm of the whole batch's
+  gradient (the replicas' sum), with the loss scale taken out and before
+  clipping; the update itself is clipped (grad_clip_norm's
+  global_clipnorm)."""
+  images = np.arange(GLOBAL_BATCH * 8 * 8 * 3).reshape(
+      (GLOBAL_BATCH, 8, 8, 3)).astype(np.uint8)
+  labels = np.arange(GLOBAL_BATCH).astype(np.int32) % NUM_CLASSES
+  goal = objective.Objective(NUM_CLASSES)
+  keras.utils.set_random_seed(1)
+  with mirrored.scope():
+    model = _dense_model()
+    optimizer = keras.optimizers.SGD(1.0, global_clipnorm=1e-3)
+    if loss_scaled:
+      optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(goal.per_example_loss()(
+        goal.targets(labels), model(images, training=True)))
+  grads = tape.gradient(loss, model.trainable_variables)
+  expected = float(tf.linalg.global_norm(grads))
+  before = [v.numpy().copy() for v in model.trainable_variables]
+  train = steps.make_train_function(model, optimizer, mirrored, GLOBAL_BATCH,
+                                    goal, step, jit_compile=False)
+
+  def dataset(input_context):
+    return tf.data.Dataset.from_tensor_slices((images, labels)).batch(
+        input_context.get_per_replica_batch_size(GLOBAL_BATCH))
+
+  out = train(iter(mirrored.distribute_datasets_from_function(dataset)),
+              tf.constant(1))
+  assert expected > 1e-2  # Far above the clip: clipping shows.
+  assert float(out['grad_norm']) == pytest.approx(expected, rel=1e-4)
+  moved = np.sqrt(sum(np.sum((v.numpy() - b) ** 2) for v, b in
+                      zip(model.trainable_variables, before)))
+  assert moved == pytest.approx(1e-3, rel=1e-3)  # lr 1 x the clipped norm.

@@ -17,7 +17,8 @@ import tensorflow as tf
 from pipeline.errors import UserError
 from pipeline.rules.config import request as request_lib
 
-from conftest import REPO, check_exports_agree, run_module, run_train
+from conftest import REPO, check_exports_agree, check_progress_lines
+from conftest import run_module, run_train
 from conftest import tiny_args, tree_digest
 from test_console import ABSL_INFO, NOISE
 
@@ -62,6 +63,11 @@ def test_mirrored_bfloat16_run_reports_two_replicas(mirrored_run):
   run = json.load(open(os.path.join(workdir, 'run.json')))
   assert run['config']['global_batch_size'] == 32
   assert run['resolved']['per_replica_batch_size'] == 16
+
+
+def test_progress_says_the_gradient_norm_and_when_the_run_ends(mirrored_run):
+  _, result = mirrored_run
+  check_progress_lines(result.stderr, 16)
 
 
 def test_a_pipe_gets_plain_lines_without_the_noise(mirrored_run):
@@ -254,7 +260,7 @@ def test_tensorboard_scalars_written(mirrored_run):
           last_step[tag] = max(last_step.get(tag, 0), event.step)
   total_steps = _metrics(workdir)['total_steps']
   for tag in ('train/loss', 'train/learning_rate', 'train/images_per_sec',
-              'eval/accuracy', 'eval/loss'):
+              'train/grad_norm', 'eval/accuracy', 'eval/loss'):
     assert last_step.get(tag) == total_steps, (tag, last_step)
 
 

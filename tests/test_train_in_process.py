@@ -96,7 +96,7 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
 
   # Once per execution; the poisoned one rolled back to the checkpoint of
   # step 44 and the run went on from there to the end.
-  outputs = ['accuracy', 'input_wait_s', 'loss', 'skipped_records',
+  outputs = ['accuracy', 'grad_norm', 'input_wait_s', 'loss', 'skipped_records',
              'step_losses']
   firsts = sorted(list(range(0, 88, 11)) + [44])
   assert executions == [(first, first + 11, first == 77, outputs)

@@ -72,7 +72,7 @@ def _run(step, strategy, state, images, labels, num_steps):
   ...]: (state, {'loss': their mean, 'step_losses'})."""
   losses = []
   for index in range(num_steps):
-    state, (loss, _) = step(state, *strategy.to_devices(
+    state, (loss, *_) = step(state, *strategy.to_devices(
         (images[index], labels[index])))
     losses.append(float(loss))
   return state, {'loss': np.mean(losses), 'step_losses': np.array(losses)}
@@ -155,6 +155,42 @@ def _float16_setup(initial_scale, growth_steps):
   return program, strategy, state, place
 
 
+@pytest.mark.parametrize('loss_scaled', [False, True])
+@pytest.mark.parametrize('accumulation', [1, 2])
+def test_the_gradient_norm_is_the_whole_batchs_unscaled_and_unclipped(
+    loss_scaled, accumulation):
+  """The step's third output is the global norm of the whole batch's
+  gradient over both devices (micro-batches summed), the loss scale taken
+  out and before clipping; the update itself is clipped (grad_clip_norm's
+  global_clipnorm, which Keras applies inside stateless_apply)."""
+  model = _model()
+  optimizer = keras.optimizers.SGD(1.0, global_clipnorm=1e-3)
+  if loss_scaled:
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer,
+                                                    initial_scale=2.0 ** 15)
+  optimizer.build(model.trainable_variables)
+  strategy = mesh.DataParallel(jax.devices())
+  state = _state(model, optimizer, strategy)
+  kernel, bias = [np.asarray(v) for v in state['trainable']]
+  images, labels = _batches(1)
+
+  def loss(kernel, bias):
+    logits = images[0] @ kernel + bias
+    return -jnp.mean(jax.nn.log_softmax(logits)[np.arange(8), labels[0]])
+
+  grads = jax.grad(loss, argnums=(0, 1))(kernel, bias)
+  expected = float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in grads)))
+  program = programs.train_step(model, optimizer, OBJECTIVE, strategy, None,
+                                accumulation=accumulation)
+  state, (_, _, grad_norm) = program(state, *strategy.to_devices(
+      (images[0], labels[0])))
+  assert expected > 1e-2  # Far above the clip: clipping shows.
+  assert float(grad_norm) == pytest.approx(expected, rel=1e-5)
+  moved = np.sqrt(sum(np.sum((np.asarray(new) - old) ** 2) for new, old in
+                      zip(state['trainable'], (kernel, bias))))
+  assert moved == pytest.approx(1e-3, rel=1e-3)  # lr 1 x the clipped norm.
+
+
 def test_an_overflow_skips_the_update_and_halves_the_loss_scale():
   """float16's dynamic loss scaling in the compiled program: a scale so
   large the scaled gradients overflow float32 (inputs of a thousand make
@@ -209,7 +245,8 @@ def test_a_step_holds_nothing_that_waits_on_the_host(schedule):
   from pipeline.recipe import optimizers  # pylint: disable=g-import-not-at-top
   config = types.SimpleNamespace(
       lr_schedule=schedule, warmup_epochs=1.0, lr_decay_epochs=1.0,
-      lr_decay_rate=0.9, optimizer='adamw', weight_decay=0.01)
+      lr_decay_rate=0.9, optimizer='adamw', weight_decay=0.01,
+      grad_clip_norm=1.0)
   model = _model()
   optimizer = keras.optimizers.LossScaleOptimizer(
       optimizers.make_optimizer(config, 0.1, 100, 10))

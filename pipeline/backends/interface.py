@@ -36,7 +36,9 @@ class Trainer(Protocol):
 
   def train(self, iterator, num_steps: int) -> dict:
     """Runs `num_steps` steps in one compiled execution; returns floats:
-    loss, accuracy, input_wait_s, skipped_records, and step_losses (numpy).
+    loss, accuracy, grad_norm (the mean of each step's gradient's global
+    norm, unscaled and before clipping), input_wait_s, skipped_records, and
+    step_losses (numpy).
     A one-line UserError for what a user can act on (out of memory, a label
     outside the classes, a worker lost)."""
 

@@ -131,7 +131,7 @@ class Setup:
     def train(state, images, labels, num_steps):
       def body(index, carry):
         state, loss = carry
-        state, (step_loss, _) = one_step(state, (images[index], labels[index]))
+        state, (step_loss, *_) = one_step(state, (images[index], labels[index]))
         return state, loss + step_loss
       return jax.lax.fori_loop(0, num_steps, body, (state, 0.0))
 

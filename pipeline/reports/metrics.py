@@ -8,6 +8,8 @@ import resource
 
 from absl import logging
 
+from pipeline.run import console
+
 
 def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
                 initial_weights_sha256, checkpoint_blocked_s,
@@ -73,12 +75,14 @@ def log_done(result, workdir_url):
   rate, wait = result['train_images_per_sec'], result['input_wait_fraction']
   raw, top5 = result['eval_accuracy_raw'], result['eval_top5_accuracy']
   logging.info('Done: eval_accuracy %.4f%s%s, %s img/s, input wait %s, '
-               'weights sha256 %s; metrics in %s', result['eval_accuracy'],
+               'wall time %s, weights sha256 %s; metrics in %s',
+               result['eval_accuracy'],
                '' if top5 is None else f', top-5 {top5:.4f}',
                '' if raw is None else
                f' (moving average; raw weights {raw:.4f})',
                f'{rate:.0f}' if rate else '-',
                f'{wait:.0%}' if wait is not None else '-',
+               console.duration(result['wall_s']),
                result['weights_sha256'][:16], f'{workdir_url}/metrics.json')
 
 

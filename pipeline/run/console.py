@@ -100,6 +100,16 @@ def stop_logging_to(file_handler):
     file_handler.close()
 
 
+def duration(seconds):
+  """'1h 02m', '4m 05s', '12s': a time span as a progress line gives it."""
+  seconds = int(round(seconds))
+  if seconds >= 3600:
+    return f'{seconds // 3600}h {seconds % 3600 // 60:02d}m'
+  if seconds >= 60:
+    return f'{seconds // 60}m {seconds % 60:02d}s'
+  return f'{seconds}s'
+
+
 def live_bar(total, description):
   """A progress bar on a terminal, else None. Its owner closes it."""
   if not sys.stderr.isatty():

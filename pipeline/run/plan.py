@@ -76,6 +76,9 @@ class Plan:
   objective: Optional[objective_lib.Objective] = None
   input: Optional[input_spec.InputSpec] = None
   fine_tuning: Optional[finetune.FineTuning] = None
+  # The changes from the workdir's run this one accepted (--accept_changes;
+  # run_workdir.Change.to_json's), with the earlier runs' first: run.json's.
+  accepted_changes: tuple = ()
 
   @property
   def policy(self):
@@ -147,6 +150,11 @@ class Plan:
         'workdir': self.workdir.url if self.workdir else None,
         'software': hardware_lib.software(),
     }
+
+  def run_record(self):
+    """run.json: the resolved run, the config, the changes it accepted."""
+    return {'resolved': self.to_json(), 'config': self.config.to_dict(),
+            'accepted_changes': list(self.accepted_changes)}
 
   def describe(self):
     """The plan as the lines a run prints first."""
@@ -231,8 +239,9 @@ def resolve(config, request, hardware=None):
       config.image_size**2 * 3)
   validation.validate(config, hardware.num_replicas, recipe.tables(),
                       (sources.SOURCES, augmentations.AUGMENTATIONS))
-  workdir, resumed = run_workdir.open_workdir(config, request, hardware,
-                                              backend)
+  opened = run_workdir.open_workdir(config, request, hardware, backend,
+                                    resolved_precision.policy)
+  workdir, resumed = opened.workdir, opened.resumed
   source = sources.load_source(config)
   tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
   initial_weights = finetune.describe(tuning.init_from)
@@ -272,7 +281,8 @@ def resolve(config, request, hardware=None):
           saved_rate.step_key(config, hardware.num_replicas,
                               resolved_precision.policy)),
       objective=objective_lib.Objective.of(config, source.num_classes),
-      input=spec, fine_tuning=tuning)
+      input=spec, fine_tuning=tuning,
+      accepted_changes=opened.accepted_changes)
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():

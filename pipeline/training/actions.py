@@ -28,7 +28,7 @@ class Execution:
   step: int  # The step count after it.
   total_steps: int
   seconds: float  # Wall time of the call, input waits included.
-  outputs: dict  # Floats: mean 'loss' and 'accuracy', 'input_wait_s'.
+  outputs: dict  # Floats: mean 'loss', 'accuracy', 'grad_norm'; 'input_wait_s'.
 
   @property
   def num_steps(self):

@@ -54,11 +54,11 @@ def _still_held(hold):
 
 
 def _train_and_evaluate(plan, extra_actions):
+  started = time.perf_counter()
   config = plan.config
   hardware, workdir = plan.hardware, plan.workdir
   if hardware.is_chief:
-    workdir.write_json('run.json', {'resolved': plan.to_json(),
-                                    'config': config.to_dict()})
+    workdir.write_json('run.json', plan.run_record())
   trainer = plan.backend.build_trainer(plan)
   # Before restoring: the seed's weights, equal across policies and batches.
   initial_weights_sha256 = trainer.weights_sha256()
@@ -72,13 +72,15 @@ def _train_and_evaluate(plan, extra_actions):
   train_writer, eval_writer = actions.summary_writers(workdir,
                                                       hardware.is_chief)
   _write_plan_text(plan, train_writer, initial_step)
+  eval_every_steps = int(round(plan.steps_per_epoch *
+                               config.eval_every_epochs))
   progress = progress_lib.ReportProgress(
       trainer, plan, config.log_every_steps, train_writer,
-      mixed_labels=plan.input.mixes)
+      mixed_labels=plan.input.mixes, eval_every_steps=eval_every_steps)
   evaluate = actions.Evaluate(
       trainer, eval_data, inputs.eval_steps(plan.source, batch),
-      int(round(plan.steps_per_epoch * config.eval_every_epochs)),
-      eval_writer, listeners=[keep_best] if keep_best else [])
+      eval_every_steps, eval_writer,
+      listeners=[keep_best] if keep_best else [])
   save_on_stop = preemption_lib.SaveOnStop(
       checkpointer, workdir, sum_over_workers=(
           backend.sum_over_workers(hardware) if hardware.num_workers > 1
@@ -119,6 +121,8 @@ def _train_and_evaluate(plan, extra_actions):
     result.update(keep_best.metrics(), best_export_dir=(
         config.export and export.export_run(plan, trainer, 'export_best')
         or None))
+  # Building, compiling, training, evaluating and exporting: the run's time.
+  result['wall_s'] = round(time.perf_counter() - started, 1)
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')

@@ -2,9 +2,10 @@
 
 ReportProgress is a periodic action (pipeline/training/actions.py has the interface):
 after every execution it adds to the meter and the loss curve; every
-`log_every_steps` it prints the progress line and writes TensorBoard
-scalars, and warns once when the run is input-bound. Between lines, a live
-bar on terminals.
+`log_every_steps` it prints the progress line (with the gradient's norm
+and the time left to the run's end and to its next evaluation) and writes
+TensorBoard scalars, and warns once when the run is input-bound. Between
+lines, a live bar on terminals.
 """
 
 from absl import logging
@@ -56,6 +57,28 @@ class Meter:
     """(images/s, input wait fraction) over the run, compile excluded."""
     return self._rates(*self.total)
 
+  def seconds_per_step(self):
+    """Over the run, compile excluded; None before a step is measured."""
+    steps, seconds, _ = self.total
+    return seconds / steps if steps else None
+
+
+def time_left(step, total_steps, eval_every_steps, seconds_per_step):
+  """'4m 05s left, next eval in 1m 10s' from the steps' measured time
+  (compile and evaluations left out); 'time left: estimating' before the
+  first measured step. Without periodic evaluation the next is the last."""
+  if seconds_per_step is None:
+    return 'time left: estimating'
+  if step >= total_steps:
+    return 'final eval next'
+  next_eval = total_steps
+  if eval_every_steps:
+    next_eval = min((step // eval_every_steps + 1) * eval_every_steps,
+                    total_steps)
+  run_left = (total_steps - step) * seconds_per_step
+  return (f'{console.duration(run_left)} left, next eval in '
+          f'{console.duration((next_eval - step) * seconds_per_step)}')
+
 
 def curve_every(total_steps):
   """The step interval of the loss curve: at most CURVE_POINTS points (the
@@ -71,13 +94,15 @@ class ReportProgress:
   input more than INPUT_BOUND_FRACTION of the time.
   """
 
-  def __init__(self, trainer, plan, every_steps, writer, mixed_labels=False):
+  def __init__(self, trainer, plan, every_steps, writer, mixed_labels=False,
+               eval_every_steps=0):
     self.trainer = trainer
     # Mixup and CutMix blend two labels: a hit is the dominant one.
     self.accuracy_name = ('accuracy (dominant label)' if mixed_labels else
                           'accuracy')
     self.steps_per_epoch = plan.steps_per_epoch
     self.every_steps = every_steps
+    self.eval_every_steps = eval_every_steps  # 0: only at the end.
     self.writer = writer
     self.skipped_records = 0
     self.meter = Meter(plan.global_batch_size)
@@ -138,16 +163,18 @@ class ReportProgress:
     lr = trainer.learning_rate()
     loss_scale = trainer.loss_scale
     logging.info(
-        'step %d/%d (epoch %.1f): loss %.4f, %s %.3f, lr %.2e, '
-        '%s img/s, input wait %s%s%s', execution.step, execution.total_steps,
-        execution.step / self.steps_per_epoch, out['loss'],
-        self.accuracy_name, out['accuracy'],
+        'step %d/%d (epoch %.1f): loss %.4f, %s %.3f, grad norm %.3g, '
+        'lr %.2e, %s img/s, input wait %s%s%s; %s', execution.step,
+        execution.total_steps, execution.step / self.steps_per_epoch,
+        out['loss'], self.accuracy_name, out['accuracy'], out['grad_norm'],
         lr, f'{rate:.0f}' if rate else '-',
         f'{wait:.0%}' if wait is not None else '-',
         f', loss scale {loss_scale:g}, skipped steps '
         f'{trainer.skipped_steps}' if loss_scale is not None else '',
         f', skipped records {self.skipped_records}'
-        if self.skipped_records else '')
+        if self.skipped_records else '',
+        time_left(execution.step, execution.total_steps,
+                  self.eval_every_steps, self.meter.seconds_per_step()))
     if (wait is not None and wait > INPUT_BOUND_FRACTION and
         not self._warned_input_bound):
       logging.warning(
@@ -157,6 +184,7 @@ class ReportProgress:
     self._check_step_rate(rate, wait)
     with self.writer.as_default(step=execution.step):
       tf.summary.scalar('accuracy', out['accuracy'])
+      tf.summary.scalar('grad_norm', out['grad_norm'])
       tf.summary.scalar('learning_rate', lr)
       if rate:
         tf.summary.scalar('images_per_sec', rate)

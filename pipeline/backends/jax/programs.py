@@ -160,7 +160,8 @@ def optimizer_places(optimizer):
 
 def train_step(model, optimizer, objective, strategy, ema, frozen=False,
                accumulation=1):
-  """The jitted step: (state, images, labels) -> (state, (loss, correct)),
+  """The jitted step: (state, images, labels) -> (state, (loss, correct,
+  gradient norm)),
   the state's buffers donated. `objective`: what it minimises
   (objective_lib.Objective); `frozen`: the backbone stays as it is
   (_Phase); `accumulation`: micro-batches a step."""
@@ -211,7 +212,8 @@ def _gradient_function(model, objective, phase):
 
 def step_function(model, optimizer, objective, ema, frozen, accumulation):
   """One training step as a traceable function: (state, (images, labels))
-  -> (state, (loss, correct))."""
+  -> (state, (loss, correct, gradient norm)): the norm is the whole
+  batch's gradient's, before the loss scale (unscaled) and any clipping."""
   phase = _Phase(model, frozen)
   gradient = _gradient_function(model, objective, phase)
   place = optimizer_places(optimizer)
@@ -241,6 +243,7 @@ def step_function(model, optimizer, objective, ema, frozen, accumulation):
     else:
       carry, _ = jax.lax.scan(add, carry, (micro(images), micro(targets)))
     non_trainable, grads, loss, correct = carry
+    grad_norm = global_norm(grads) / scale
     trainable, non_trainable = phase.merge(state, trained, non_trainable)
     # Named scopes: the probe's profile (step_profile.py) finds the
     # optimizer's and the average's kernels by them.
@@ -255,9 +258,15 @@ def step_function(model, optimizer, objective, ema, frozen, accumulation):
       with jax.named_scope('moving_average'):
         state['ema'] = jnp.where(applied, ema.update(state, updates),
                                  state['ema'])
-    return state, (loss, correct)
+    return state, (loss, correct, grad_norm)
 
   return one_step
+
+
+def global_norm(tree):
+  """The global L2 norm of a pytree's arrays, summed in float32."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(leaf.astype(jnp.float32)))
+                      for leaf in jax.tree.leaves(tree)))
 
 
 def eval_program(model, num_classes, strategy):

@@ -111,8 +111,9 @@ class Trainer:
         outputs.append(output)
       # Dispatched, not finished: the next execution's input moves now.
       wait_s += self.staging.stage(iterator, self.slots, outputs)
-      losses, correct = np.asarray(on_host(outputs)).T
+      losses, correct, grad_norms = np.asarray(on_host(outputs)).T
     return {'loss': float(losses.mean()),
+            'grad_norm': _finite_mean(grad_norms),
             'accuracy': float(correct.sum() / (num_steps * self.last_inputs[
                 1].shape[0])),
             'input_wait_s': wait_s, 'skipped_records': skipped,
@@ -228,6 +229,13 @@ class Trainer:
       if message:
         raise UserError(message) from None
       raise
+
+
+def _finite_mean(values):
+  """The mean of the finite values (a float16 step that overflowed has an
+  infinite norm, and skips its update); inf where none is."""
+  finite = values[np.isfinite(values)]
+  return float(finite.mean()) if finite.size else float('inf')
 
 
 def _state_of(model, optimizer, step_variables, ema, strategy):

@@ -11,6 +11,7 @@ per execution, not once per step (what TPUs and fast GPUs need).
 """
 
 import functools
+import math
 
 import keras
 import tensorflow as tf
@@ -19,6 +20,7 @@ from pipeline.recipe import objective as objective_lib
 from pipeline.recipe import optimizers
 
 SUM = tf.distribute.ReduceOp.SUM
+MEAN = tf.distribute.ReduceOp.MEAN
 
 
 def gradient_function(model, optimizer, global_batch_size, objective,
@@ -75,7 +77,8 @@ def replica_train_step(model, optimizer, global_batch_size, objective,
                        **gradient_options):
   """One replica's update on its batch: forward, backward, gradients summed
   across replicas, update, moving average. Returns (loss, correct
-  predictions). `gradient_options`: gradient_function's keyword arguments.
+  predictions, the summed gradient's global norm before the loss scale
+  and any clipping). `gradient_options`: gradient_function's keyword arguments.
   The optimizer must take summed gradients (make_train_function sees to it).
 
   `jit_compile` (not on TPUs, which compile the whole step anyway): XLA
@@ -106,14 +109,23 @@ def replica_train_step(model, optimizer, global_batch_size, objective,
     # would sum them, so each replica must already hold the sum (else one
     # replica's inf reaches the weights as NaN; BUILD_NOTES.md).
     grads = tf.distribute.get_replica_context().all_reduce(SUM, grads)
+    grad_norm = tf.linalg.global_norm(
+        [tf.cast(g, tf.float32) for g in grads]) / _loss_scale(optimizer)
     applied_before = tf.identity(optimizer.iterations.value)
     optimizer.apply(grads, variables)
     if ema:
       updates = tf.identity(optimizer.iterations.value)
       ema.update(updates, applied=updates > applied_before)
-    return loss, correct
+    return loss, correct, grad_norm
 
   return replica_step
+
+
+def _loss_scale(optimizer):
+  """What scale_loss multiplies the loss by (1 without float16)."""
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    return tf.cast(_value(optimizer.dynamic_scale), tf.float32)
+  return tf.constant(1.0)
 
 
 def batch_norm_averager(model, ema=None):
@@ -167,6 +179,8 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
   def train(iterator, num_steps):
     loss_sum = tf.constant(0.0)
     correct_sum = tf.constant(0.0)
+    grad_norm_sum = tf.constant(0.0)
+    finite_norms = tf.constant(0.0)
     wait_s = tf.constant(0.0, tf.float64)
     skipped_sum = tf.constant(0)
     # Each step's loss: curves with points between executions.
@@ -181,8 +195,15 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
       images, labels = batch[:2]
       if check_labels:
         labels = strategy.run(check_labels, args=(labels,))
-      loss, correct = strategy.run(replica_step, args=(images, labels))
+      loss, correct, grad_norm = strategy.run(replica_step,
+                                              args=(images, labels))
       loss = strategy.reduce(SUM, loss, axis=None)
+      # Every replica holds the same summed gradient, so the same norm;
+      # a float16 step that overflowed (its update skipped) is left out.
+      grad_norm = strategy.reduce(MEAN, grad_norm, axis=None)
+      finite = tf.math.is_finite(grad_norm)
+      grad_norm_sum += tf.where(finite, grad_norm, 0.0)
+      finite_norms += tf.cast(finite, tf.float32)
       step_losses = step_losses.write(index, loss)
       loss_sum += loss
       correct_sum += strategy.reduce(SUM, correct, axis=None)
@@ -195,6 +216,8 @@ def make_train_function(model, optimizer, strategy, global_batch_size,
     steps = tf.cast(num_steps, tf.float32)
     return {'loss': loss_sum / steps,
             'accuracy': correct_sum / (steps * global_batch_size),
+            'grad_norm': tf.where(finite_norms > 0, grad_norm_sum /
+                                  tf.maximum(finite_norms, 1.0), math.inf),
             'input_wait_s': wait_s, 'skipped_records': skipped_sum,
             'step_losses': step_losses.stack()}
 

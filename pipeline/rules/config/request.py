@@ -8,6 +8,12 @@ from typing import Optional
 class Request:
   """What the command line asked for (launch/cli.py fills it from flags)."""
   workdir: Optional[str] = None  # None: a run that writes none (benchmark).
+  # Not named on the command line: a changed recipe trains beside it
+  # (pipeline/run/run_workdir.py) rather than being refused.
+  default_workdir: bool = False
+  # Keys (config keys, 'policy') whose change from the workdir's run is
+  # accepted: it trains on under the new values, run.json records them.
+  accept_changes: tuple = ()
   staging_dir: str = '/tmp/pipeline-staging'  # Local copy of a gs:// workdir.
   policy: str = 'auto'
   xla: str = 'auto'

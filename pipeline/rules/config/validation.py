@@ -117,7 +117,8 @@ def _check_recipe(config, tables):
     if not 0.0 <= config[key] < 1.0:
       raise UserError(f'{key}={config[key]} must be in [0, 1)')
   _at_least(config, ('mixup_alpha', 'cutmix_alpha', 'l2_weight_decay',
-                     'weight_decay', 'label_smoothing', 'warmup_epochs'), 0,
+                     'weight_decay', 'label_smoothing', 'warmup_epochs',
+                     'grad_clip_norm'), 0,
             ' (0 is off)')
   if config.base_learning_rate <= 0:
     raise UserError(f'base_learning_rate={config.base_learning_rate} must be '
