@@ -147,6 +147,10 @@ def _execution(config):
   # '' (off), 'float32' or 'float16' (weights): also write export/model.tflite
   # for LiteRT, from a float32 rebuild of the model (about 17 s for B0).
   config.export_tflite = ''
+  # Also write export/model.onnx (requirements-onnx.txt), converted from the
+  # SavedModel and checked against it on one batch (metadata.json says by
+  # how much they differ; over ONNX_TOLERANCE, no file).
+  config.export_onnx = False
   config.eval_every_epochs = 5.0  # 0: evaluate only at the end; 0.5 works.
   # 'START,STOP': a profiler trace of the executions covering those steps,
   # in TensorBoard's profile tab (tensorboard-plugin-profile); '' is off.

@@ -2,6 +2,7 @@
 
   python -m launch.predict --model=runs/x/export photo.jpg 'more/*.png'
   python -m launch.predict --model=runs/x/export --output=predictions.csv 'imgs/*'
+  python -m launch.predict --model=runs/x/export/model.onnx photo.jpg
 
 JPEG or PNG files of any size are preprocessed as evaluation does (read
 from the export's metadata.json). A file that cannot be read or decoded
@@ -24,7 +25,8 @@ from pipeline.reports import predict
 from pipeline.errors import UserError
 
 MODEL = flags.DEFINE_string('model', None, 'The export folder of a run '
-                            '(<workdir>/export).', required=True)
+                            '(<workdir>/export), or the model.onnx in it.',
+                            required=True)
 TOP_K = flags.DEFINE_integer('top_k', 3, 'Classes shown per image.')
 LABELS = flags.DEFINE_string('labels', '', 'A text file with one class name '
                              'per line, instead of the names in the export.')

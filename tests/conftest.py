@@ -384,6 +384,28 @@ def check_tflite_agrees_with_the_saved_model(export_dir, atol):
       'tflite'] == 'model.tflite'
 
 
+def check_onnx_agrees_with_the_saved_model(export_dir):
+  """The export's model.onnx (onnxruntime) against its SavedModel
+  (TensorFlow) on 32 uint8 images other than the export's own check:
+  probabilities within the export's tolerance, 1e-4 (both float32), and
+  metadata.json saying what the export measured."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import predict  # pylint: disable=g-import-not-at-top
+  saved_model, metadata = predict.load(str(export_dir))
+  onnx, same = predict.load(os.path.join(export_dir, 'model.onnx'))
+  assert same == metadata and metadata['onnx'] == 'model.onnx'
+  assert metadata['onnx_checked_against'] == 'the SavedModel'
+  assert metadata['onnx_tolerance'] == 1e-4
+  assert 0 <= metadata['onnx_max_difference'] <= 1e-4
+  size = metadata['preprocessing']['image_size']
+  images = np.random.RandomState(7).randint(
+      0, 256, (32, size, size, 3)).astype(np.uint8)
+  theirs = predict.probabilities(saved_model, images)
+  ours = predict.probabilities(onnx, images)
+  assert ours.shape == theirs.shape == (32, len(metadata['class_names']))
+  assert np.abs(ours - theirs).max() <= 1e-4
+
+
 def check_exports_agree(export_dir, other_dir, atol):
   """Two exports' SavedModels on the same uint8 images: probabilities within
   `atol`, and the same metadata.json."""

@@ -22,6 +22,7 @@ import pytest
 
 from conftest import REPO
 from conftest import check_exports_agree
+from conftest import check_onnx_agrees_with_the_saved_model
 from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import jax_args
 from conftest import network_arithmetic
@@ -69,7 +70,8 @@ def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
 
   result = run_train(*jax_args(url, tfds_dir,
                             f'--staging_dir={tmp_path / "machine-b"}',
-                            '--workdir_lease_s=8', '--config.export=true'),
+                            '--workdir_lease_s=8', '--config.export=true',
+                            '--config.export_onnx=true'),
                      env=_env(emulator))
   assert result.returncode == 0, result.stderr[-3000:]
   log = result.stderr
@@ -86,6 +88,10 @@ def test_a_run_killed_on_one_machine_resumes_on_another_and_tensorflow_reads_it(
       'runs', 'jax/checkpoints/')
   # The moving average was evaluated, not the raw weights again.
   assert metrics['eval_loss'] != metrics['eval_loss_raw']
+  # ONNX from a JAX run: what its SavedModel computes.
+  check_onnx_agrees_with_the_saved_model(
+      tmp_path / 'machine-b' / 'runs' / 'jax' / 'export')
+  assert 'Exported model.onnx: its probabilities within' in log
 
   if not TF_PYTHON:
     return  # The TensorFlow side below needs a TensorFlow environment.

@@ -12,13 +12,16 @@ train_and_evaluate builds and traces B0 anew).
 """
 
 import glob
+import importlib.util
 import math
 import os
 
 import pytest
 import tensorflow as tf
 
+from conftest import check_onnx_agrees_with_the_saved_model
 from conftest import check_tflite_agrees_with_the_saved_model
+from conftest import run_module
 from configs import default
 from pipeline.reports import compare_report
 from pipeline.rules.machine import hardware as devices
@@ -59,6 +62,30 @@ def _plan(config, workdir):
       config, request_lib.Request(workdir=workdir, policy='float32'), hardware)
 
 
+# requirements-onnx.txt is in the TensorFlow and JAX test environments,
+# not the TPU build's (whose tier runs this module too).
+ONNX_INSTALLED = importlib.util.find_spec('tf2onnx') is not None
+
+
+def _check_onnx_export(export_dir, tmp_path):
+  """model.onnx computes what the SavedModel does, and launch.predict
+  names the same classes from either, on real digits."""
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  check_onnx_agrees_with_the_saved_model(export_dir)
+  for i, digit in enumerate(datasets.load_digits().images[:4]):
+    Image.fromarray((digit * 255 / 16).astype('uint8')).save(
+        tmp_path / f'digit{i}.png')
+  named = []
+  for model in (export_dir, os.path.join(export_dir, 'model.onnx')):
+    result = run_module('launch.predict', f'--model={model}', '--top_k=1',
+                        str(tmp_path / 'digit*.png'), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    named.append([line.rsplit(' ', 1)[0] for line in
+                  result.stdout.splitlines()])
+  assert len(named[0]) == 4 and named[0] == named[1], named
+
+
 def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
                                                              tfds_dir):
   """The pipeline learns: 4 epochs of the default recipe, on B0's code at a
@@ -77,7 +104,8 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
                 model='efficientnet_tiny',
                 steps_per_execution=11, log_every_steps=11, eval_every_epochs=2,
                 checkpoint_every_steps=22, keep_best_metric='eval_accuracy',
-                export_tflite='float32', profile_steps='2,4')
+                export_tflite='float32', profile_steps='2,4',
+                export_onnx=ONNX_INSTALLED)
   plan = _plan(config, workdir)
   assert (plan.steps_per_epoch, plan.total_steps) == (22, 88)
   assert plan.policy == 'float32' and plan.steps_per_execution == 11
@@ -114,6 +142,8 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
   # TPU build); a wrong weight or input is off by tenths.
   check_tflite_agrees_with_the_saved_model(os.path.join(workdir, 'export'),
                                            atol=1e-2)
+  if ONNX_INSTALLED:  # requirements-onnx.txt: not in the TPU build's tier.
+    _check_onnx_export(os.path.join(workdir, 'export'), tmp_path)
   # Evaluated at steps 44 and 88 (TensorBoard's eval scalars); the better
   # one (the earlier on a tie: a later one must beat it) kept and exported.
   evaluated = compare_report.read_scalars(

@@ -133,6 +133,13 @@ class Backend(Protocol):
                    kind: str) -> None:
     """A LiteRT model of the float32 network with `weights` at `path`."""
 
+  def write_onnx(self, weights: list, metadata: dict, path: str,
+                 check_images: int, export_dir: str) -> float:
+    """An ONNX model of the float32 network with `weights` at `path`,
+    converted from the SavedModel at `export_dir` (or a float32 rebuild's);
+    the largest difference in probability from that SavedModel on a batch
+    of `check_images` images."""
+
   def peak_device_memory(self, hardware) -> Optional[int]:
     """Peak bytes this process held on its first accelerator, as the
     backend's own allocator counts them; None where it counts none (a

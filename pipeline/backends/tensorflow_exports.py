@@ -1,5 +1,6 @@
-"""What only TensorFlow writes, for either backend: the SavedModel export
-and LiteRT (model.tflite). Backend.write_saved_model and write_tflite.
+"""What only TensorFlow writes, for either backend: the SavedModel export,
+LiteRT (model.tflite) and ONNX (model.onnx). Backend.write_saved_model,
+write_tflite and write_onnx.
 
 A JAX run has them written by a child process on Keras' TensorFlow backend
 from the same weights (Keras fixes its backend per process; the JAX
@@ -12,6 +13,8 @@ TensorFlow, the export is a plain TensorFlow graph whichever backend
 trained it.
 """
 
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -57,6 +60,59 @@ def write_tflite(weights, metadata, path, kind):
   rebuilt.export(path, format='litert', verbose=False, **options)
 
 
+ONNX_OPSET = 17
+
+
+def write_onnx(weights, metadata, path, check_images, export_dir):
+  """An ONNX model of the network with `weights` at `path` (uint8 images
+  in, probabilities out, as the export's `serve`); returns the largest
+  difference in probability between it and the SavedModel it was
+  converted from, on the same batch of `check_images` random images
+  (onnxruntime against TensorFlow).
+
+  Converted from the SavedModel export at `export_dir` where it computes
+  in float32 (metadata's 'policy'); else from a float32 rebuild's, as
+  LiteRT's is: onnxruntime runs no mixed bfloat16 graph ("Type parameter
+  (T) of Optype (Mul) bound to different types"), and a float32 model is
+  what serving stacks take.
+  """
+  with tempfile.TemporaryDirectory() as folder:
+    source = export_dir
+    if metadata['policy'] != 'float32':
+      source = os.path.join(folder, 'float32')
+      write_saved_model(_rebuilt(weights, {**metadata, 'policy': 'float32'}),
+                        source)
+    return _converted_and_checked(source, path, check_images)
+
+
+def _converted_and_checked(saved_model, path, check_images):
+  """tf2onnx of the SavedModel's `serve`, its variables frozen into
+  constants (Keras' own ONNX export, tf2onnx from the model's function,
+  leaves the Normalization layer's mean and variance as extra graph
+  inputs); the largest difference in probability from it."""
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  import tf2onnx  # pylint: disable=g-import-not-at-top
+  from keras.src.export import tf2onnx_lib  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import convert_to_constants  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.util import deprecation  # pylint: disable=g-import-not-at-top
+  loaded = tf.saved_model.load(saved_model)  # Holds the variables.
+  function = loaded.serve.get_concrete_function()
+  frozen = convert_to_constants.convert_variables_to_constants_v2(function)
+  tf2onnx_lib.patch_tf2onnx()  # Keras' fix for tf2onnx under numpy 2.
+  with deprecation.silence():  # tf2onnx's TensorFlow 1 calls, each a warning.
+    tf2onnx.convert.from_graph_def(
+        frozen.graph.as_graph_def(),
+        input_names=[t.name for t in frozen.inputs],
+        output_names=[t.name for t in frozen.outputs],
+        opset=ONNX_OPSET, output_path=path)
+  shape = [check_images, *function.inputs[0].shape[1:]]
+  images = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+  session = onnxruntime.InferenceSession(
+      path, providers=['CPUExecutionProvider'])
+  ours = session.run(None, {session.get_inputs()[0].name: images})[0]
+  return float(np.abs(ours - loaded.serve(images).numpy()).max())
+
+
 def _rebuilt(weights, spec):
   """The network `spec` names (its 'model', 'class_names', preprocessing's
   'image_size', 'policy'), built with `weights`; the global policy as it
@@ -72,31 +128,36 @@ def _rebuilt(weights, spec):
   return model
 
 
-def on_tensorflow(task, weights, metadata, path, kind=''):
-  """Runs `task` ('saved_model' or 'tflite') in a child process on Keras'
-  TensorFlow backend, from `weights` and the export's `metadata` (with the
-  run's 'policy')."""
+def on_tensorflow(task, weights, metadata, path, *args):
+  """Runs `task` ('saved_model', 'tflite' or 'onnx', with the rest of its
+  arguments) in a child process on Keras' TensorFlow backend, from
+  `weights` and the export's `metadata` (with the run's 'policy'); what
+  the task returned."""
   with tempfile.TemporaryDirectory() as folder:
     np.savez(os.path.join(folder, 'weights.npz'), *weights)
     workdirs.write_json(os.path.join(folder, _METADATA), metadata)
     child = subprocess.run(
         [sys.executable, '-m', 'pipeline.backends.tensorflow_exports', task,
-         folder, path, kind], env=dict(os.environ, KERAS_BACKEND='tensorflow'),
+         folder, path, json.dumps(args)],
+        env=dict(os.environ, KERAS_BACKEND='tensorflow'),
         capture_output=True, text=True, check=False)
   if child.returncode:
     raise RuntimeError(f'writing the {task} on TensorFlow failed: ' +
                        (child.stderr.strip() or 'no output')[-2000:])
+  return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def _main(task, folder, path, kind):
-  """on_tensorflow's child: writes `task` from the weights in `folder`."""
+def _main(task, folder, path, args):
+  """on_tensorflow's child: writes `task` from the weights in `folder`,
+  and prints what it returned as its last line."""
   with np.load(os.path.join(folder, 'weights.npz')) as saved:
     weights = [saved[f'arr_{i}'] for i in range(len(saved.files))]
   metadata = workdirs.read_json(os.path.join(folder, _METADATA))
-  if task == 'saved_model':
-    write_saved_model(_rebuilt(weights, metadata), path)
-  else:
-    write_tflite(weights, metadata, path, kind)
+  write = {'saved_model': lambda: write_saved_model(
+               _rebuilt(weights, metadata), path),
+           'tflite': functools.partial(write_tflite, weights, metadata, path),
+           'onnx': functools.partial(write_onnx, weights, metadata, path)}
+  print(json.dumps(write[task](*json.loads(args))))
 
 
 if __name__ == '__main__':

@@ -3,6 +3,7 @@
 import os
 import tempfile
 
+from absl import logging
 import tensorflow as tf
 
 from pipeline import backends
@@ -12,6 +13,12 @@ from pipeline.storage import workdirs
 
 METADATA = 'metadata.json'
 TFLITE = 'model.tflite'
+ONNX = 'model.onnx'
+# The largest difference in probability the ONNX model may have from the
+# SavedModel on the check batch: float32 against float32 differs by
+# ~1e-7 (measured, BUILD_NOTES.md); a wrong conversion by far more.
+ONNX_TOLERANCE = 1e-4
+ONNX_CHECK_IMAGES = 32  # The batch both are run on.
 
 
 def export_run(plan, trainer, name='export'):
@@ -22,17 +29,19 @@ def export_run(plan, trainer, name='export'):
     return export_model(
         trainer.model, plan.workdir, plan.hardware.is_chief,
         metadata(plan), name=name, tflite=config.export_tflite,
-        io_device=plan.io_device, backend=plan.backend)
+        onnx=config.export_onnx, io_device=plan.io_device,
+        backend=plan.backend)
 
 
 def export_model(model, workdir, is_chief, metadata, name='export',
-                 tflite='', io_device=None, backend=None):
+                 tflite='', onnx=False, io_device=None, backend=None):
   """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.
 
   `metadata` (class names, image size, preprocessing) goes beside it as
   metadata.json, so launch.predict needs nothing but the export; with
-  `tflite` ('float32' or 'float16') a LiteRT model.tflite too, each
-  written by the `backend` (TensorFlow's where None). Every
+  `tflite` ('float32' or 'float16') a LiteRT model.tflite too, with
+  `onnx` a model.onnx (write_onnx), each written by the `backend`
+  (TensorFlow's where None). Every
   worker traces the export (tf.distribute may need all of them in the
   save); only the chief's copy is kept, written under a temporary name and
   renamed into place, then uploaded for a gs:// workdir. `io_device`
@@ -50,11 +59,43 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   if tflite:
     backend.write_tflite(model.get_weights(), metadata,
                          os.path.join(staging, TFLITE), tflite)
+  onnx_written = (write_onnx(backend, model, metadata, staging) if onnx
+                  else {'onnx': None})
   workdirs.write_json(os.path.join(staging, METADATA),
-                     dict(metadata, tflite=TFLITE if tflite else None))
+                     dict(metadata, tflite=TFLITE if tflite else None,
+                          **onnx_written))
   workdirs.replace_dir(staging, target)
   workdir.publish(name)
   return f'{workdir.url}/{name}'
+
+
+def write_onnx(backend, model, metadata, staging):
+  """model.onnx beside the SavedModel in `staging`, kept only where it
+  computes what the SavedModel it was converted from does (within
+  ONNX_TOLERANCE): its metadata.json fields, the difference measured
+  either way. A 16-bit export's ONNX is a float32 rebuild's, checked
+  against that rebuild's SavedModel (Backend.write_onnx)."""
+  path = os.path.join(staging, ONNX)
+  policy = model.dtype_policy.name
+  difference = backend.write_onnx(model.get_weights(),
+                                  dict(metadata, policy=policy), path,
+                                  ONNX_CHECK_IMAGES, staging)
+  fields = {'onnx': ONNX, 'onnx_max_difference': difference,
+            'onnx_tolerance': ONNX_TOLERANCE,
+            'onnx_checked_against': 'the SavedModel' if policy == 'float32'
+                                    else "a float32 rebuild's SavedModel "
+                                    f'(the SavedModel computes in {policy})'}
+  if difference <= ONNX_TOLERANCE:
+    logging.info('Exported %s: its probabilities within %.1e of %s on %d '
+                 'images', ONNX, difference, fields['onnx_checked_against'],
+                 ONNX_CHECK_IMAGES)
+    return fields
+  os.remove(path)
+  logging.warning('%s not written: its probabilities differ from those of '
+                  '%s by %.3g on %d images, over the %.0e accepted', ONNX,
+                  fields['onnx_checked_against'], difference,
+                  ONNX_CHECK_IMAGES, ONNX_TOLERANCE)
+  return dict(fields, onnx=None)
 
 
 def metadata(plan):

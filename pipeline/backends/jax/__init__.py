@@ -105,6 +105,11 @@ class JaxBackend:
             metadata, policy=keras.mixed_precision.global_policy().name),
         path)
 
+  def write_onnx(self, weights, metadata, path, check_images, export_dir):
+    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    return tensorflow_exports.on_tensorflow('onnx', weights, metadata, path,
+                                            check_images, export_dir)
+
   def write_tflite(self, weights, metadata, path, kind):
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
     tensorflow_exports.on_tensorflow('tflite', weights, metadata, path, kind)

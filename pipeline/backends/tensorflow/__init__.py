@@ -94,6 +94,11 @@ class TensorFlowBackend:
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
     tensorflow_exports.write_saved_model(model, path, io_device)
 
+  def write_onnx(self, weights, metadata, path, check_images, export_dir):
+    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    return tensorflow_exports.write_onnx(weights, metadata, path,
+                                         check_images, export_dir)
+
   def write_tflite(self, weights, metadata, path, kind):
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
     tensorflow_exports.write_tflite(weights, metadata, path, kind)

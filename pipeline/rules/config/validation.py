@@ -9,6 +9,7 @@ place a field's value is checked; the modules that use a field trust it. Checks 
 workdir) happen where those are opened, in pipeline/run/plan.py.
 """
 
+import importlib.util
 import re
 
 from configs import default
@@ -16,6 +17,7 @@ from pipeline.errors import UserError
 
 KEEP_BEST_METRICS = ('', 'eval_accuracy', 'eval_loss')
 TFLITE_WEIGHTS = ('', 'float32', 'float16')
+ONNX_PACKAGES = ('tf2onnx', 'onnxruntime')  # requirements-onnx.txt
 _DATA_SERVICE = re.compile(r'^grpc://[^:/\s]+:\d+$')
 
 
@@ -177,5 +179,10 @@ def _check_schedule_of_work(config):
   _one_of(config, 'keep_best_metric', KEEP_BEST_METRICS,
           "'' (off), eval_accuracy, eval_loss")
   _one_of(config, 'export_tflite', TFLITE_WEIGHTS, "'' (off), float32, float16")
+  missing = [name for name in ONNX_PACKAGES
+             if importlib.util.find_spec(name) is None]
+  if config.export_onnx and missing:
+    raise UserError(f'export_onnx=True needs {", ".join(missing)}: pip '
+                    'install -r requirements-onnx.txt, or export_onnx=False')
   profile_window(config.profile_steps)
 
