@@ -162,7 +162,9 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
   config, policy, _ = evaluation.run_config(workdir, str(tmp_path), {})
   assert policy == 'mixed_bfloat16'
   config.data_dir = tfds_dir
-  plan = plan_lib.resolve(config, request_lib.Request(workdir=workdir),
+  # As launch.evaluate asks: the run's policy, a workdir it reads.
+  plan = plan_lib.resolve(config, request_lib.Request(
+      workdir=workdir, policy=policy, trains=False),
                           devices.Hardware(tf.distribute.get_strategy(),
                                            'CPU', detail='host CPU'))
   evaluator = evaluation.Evaluator(plan)

@@ -92,6 +92,7 @@ def _converted_and_checked(saved_model, path, check_images):
   inputs); the largest difference in probability from it."""
   import onnxruntime  # pylint: disable=g-import-not-at-top
   import tf2onnx  # pylint: disable=g-import-not-at-top
+  # Private, as no public API patches tf2onnx for numpy 2 (Keras' own).
   from keras.src.export import tf2onnx_lib  # pylint: disable=g-import-not-at-top
   from tensorflow.python.framework import convert_to_constants  # pylint: disable=g-import-not-at-top
   from tensorflow.python.util import deprecation  # pylint: disable=g-import-not-at-top
