@@ -152,6 +152,11 @@ def _execution(config):
   # how much they differ; over ONNX_TOLERANCE, no file).
   config.export_onnx = False
   config.eval_every_epochs = 5.0  # 0: evaluate only at the end; 0.5 works.
+  # Experiment tracking beside TensorBoard (requirements-tracking.txt):
+  # '' (off), 'mlflow', 'wandb' or both, comma-separated; the project (an
+  # MLflow experiment, a W&B project): '' names it <model>_<dataset>.
+  config.tracking = ''
+  config.tracking_project = ''
   # 'START,STOP': a profiler trace of the executions covering those steps,
   # in TensorBoard's profile tab (tensorboard-plugin-profile); '' is off.
   config.profile_steps = ''

@@ -53,13 +53,14 @@ def _tags(folder):
   return found
 
 
-def _plan(config, workdir):
+def _plan(config, workdir, accept_changes=()):
   """float32, the policy the bars below were measured with, whatever this
   CPU's `auto` picks (mixed_bfloat16 where it has AMX)."""
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
   return plan_lib.resolve(
-      config, request_lib.Request(workdir=workdir, policy='float32'), hardware)
+      config, request_lib.Request(workdir=workdir, policy='float32',
+                                  accept_changes=accept_changes), hardware)
 
 
 # requirements-onnx.txt is in the TensorFlow and JAX test environments,
@@ -199,8 +200,10 @@ def test_a_run_that_keeps_diverging_stops_after_n_recoveries(tmp_path,
   executions = []
   with pytest.raises(UserError, match=r'training diverged at step 10 \(loss '
                      r'nan\) after 2 recoveries \(recovery_max_trials=2\)'):
-    loop.train_and_evaluate(_plan(config, workdir),
-                             extra_actions=[executions.append])
+    loop.train_and_evaluate(
+        _plan(config, workdir, accept_changes=('epochs',
+                                               'base_learning_rate')),
+        extra_actions=[executions.append])
   assert [(e.first_step, e.step) for e in executions] == [(8, 10)] * 3
   state = tf.train.get_checkpoint_state(os.path.join(workdir, 'checkpoints'))
   assert state.model_checkpoint_path.endswith('ckpt-8')

@@ -35,7 +35,7 @@ from pipeline.storage import workdirs
 DOES_NOT_SHAPE_THE_RESULT = frozenset({
     'log_every_steps', 'checkpoint_every_steps', 'keep_checkpoints',
     'keep_best_metric', 'eval_every_epochs', 'export', 'export_tflite',
-    'export_onnx',
+    'export_onnx', 'tracking', 'tracking_project',
     'profile_steps', 'recovery_max_trials', 'recovery_max_skipped_executions',
     'steps_per_execution', 'compile_cache_dir', 'cache', 'input_pipeline',
     'data_service', 'deterministic_input',

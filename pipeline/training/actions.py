@@ -43,13 +43,38 @@ class Execution:
     return bool(interval) and self.step // interval > self.first_step // interval
 
 
-def summary_writers(workdir, is_chief):
-  """TensorBoard writers (train, eval); only the chief writes files."""
+class Scalars:
+  """One split's curves ('train', 'eval'): TensorBoard's writer, and the
+  run's trackers (tracking.py) under '<split>/<name>'."""
+
+  def __init__(self, writer, split, tracking=None):
+    self.writer, self.split, self.tracking = writer, split, tracking
+
+  def write(self, step, values):
+    """{name: float} at `step`."""
+    with self.writer.as_default(step=step):
+      for name, value in values.items():
+        tf.summary.scalar(name, value)
+    if self.tracking:
+      self.tracking.log(step, {f'{self.split}/{name}': float(value)
+                               for name, value in values.items()})
+
+  def as_default(self, step):
+    return self.writer.as_default(step=step)
+
+  def flush(self):
+    self.writer.flush()
+
+
+def summary_writers(workdir, is_chief, tracking=None):
+  """Scalars of (train, eval): TensorBoard's files (only the chief writes
+  them) and `tracking`'s runs."""
   if not is_chief:
-    return tf.summary.create_noop_writer(), tf.summary.create_noop_writer()
+    return (Scalars(tf.summary.create_noop_writer(), 'train'),
+            Scalars(tf.summary.create_noop_writer(), 'eval'))
   root = workdir.path('tensorboard')
-  return (tf.summary.create_file_writer(os.path.join(root, 'train')),
-          tf.summary.create_file_writer(os.path.join(root, 'eval')))
+  return tuple(Scalars(tf.summary.create_file_writer(os.path.join(root, split)),
+                       split, tracking) for split in ('train', 'eval'))
 
 
 class Profile:
@@ -184,8 +209,8 @@ class SaveCheckpoints:
     if not (execution.crossed(self.every_steps) or execution.is_last):
       return
     self.checkpointer.save(execution.step)
-    with self.writer.as_default(step=execution.step):
-      tf.summary.scalar('checkpoint_blocked_s', self.checkpointer.blocked_s)
+    self.writer.write(execution.step, {
+        'checkpoint_blocked_s': self.checkpointer.blocked_s})
     self.workdir.publish('tensorboard')
     # With each checkpoint: a killed run's log reaches the bucket too.
     self.workdir.publish(console.LOG_FILE)
@@ -222,10 +247,9 @@ class Evaluate:
                  f', top-5 {result["top5_accuracy"]:.4f}' if top5 else '',
                  f' (moving average; raw weights {result["accuracy_raw"]:.4f})'
                  if averaged else '', result['loss'], result['examples'])
-    with self.writer.as_default(step=step):
-      keys = ['accuracy', 'loss'] + (['top5_accuracy'] if top5 else [])
-      for key in keys + [f'{key}_raw' for key in keys if averaged]:
-        tf.summary.scalar(key, result[key])
+    keys = ['accuracy', 'loss'] + (['top5_accuracy'] if top5 else [])
+    self.writer.write(step, {key: result[key] for key in
+                             keys + [f'{key}_raw' for key in keys if averaged]})
     for listener in self.listeners:
       listener(step, result)
     return result

@@ -19,6 +19,7 @@ from pipeline.recipe import finetune
 from pipeline.reports import metrics
 from pipeline.training import preemption as preemption_lib
 from pipeline.training import progress as progress_lib
+from pipeline.training import tracking as tracking_lib
 from pipeline.rules.machine import stopping
 from pipeline.storage import workdir_lock
 from pipeline.storage.checkpoint import Checkpointer
@@ -69,8 +70,9 @@ def _train_and_evaluate(plan, extra_actions):
   train_data = backend.distribute(hardware, inputs.train_input(
       plan, service_job=f'train:{workdir.url}'))
   eval_data = backend.distribute(hardware, inputs.eval_input(plan))
-  train_writer, eval_writer = actions.summary_writers(workdir,
-                                                      hardware.is_chief)
+  tracking = tracking_lib.Tracking.start(plan)
+  train_writer, eval_writer = actions.summary_writers(
+      workdir, hardware.is_chief, tracking)
   _write_plan_text(plan, train_writer, initial_step)
   eval_every_steps = int(round(plan.steps_per_epoch *
                                config.eval_every_epochs))
@@ -127,6 +129,7 @@ def _train_and_evaluate(plan, extra_actions):
     eval_writer.flush()
     workdir.publish('tensorboard')
     workdir.write_json('metrics.json', result)
+  tracking.finish(['metrics.json', 'run.json', 'export', 'export_best'])
   metrics.log_done(result, workdir.url)
   return result
 

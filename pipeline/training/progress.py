@@ -9,7 +9,6 @@ lines, a live bar on terminals.
 """
 
 from absl import logging
-import tensorflow as tf
 
 from pipeline.rules.speed import saved_rate
 from pipeline.run import console
@@ -138,8 +137,8 @@ class ReportProgress:
       return
     for step in range(execution.first_step + 1, execution.step + 1):
       if step % self.curve_every == 0 or step == execution.total_steps:
-        with self.writer.as_default(step=step):
-          tf.summary.scalar('loss', losses[step - execution.first_step - 1])
+        self.writer.write(step, {
+            'loss': losses[step - execution.first_step - 1]})
 
   def _show(self, execution):
     """The live bar (terminals only) of the steps up to the next line."""
@@ -182,17 +181,14 @@ class ReportProgress:
           'see BUILD_NOTES.md "Input pipeline" for what helps.', 100 * wait)
       self._warned_input_bound = True
     self._check_step_rate(rate, wait)
-    with self.writer.as_default(step=execution.step):
-      tf.summary.scalar('accuracy', out['accuracy'])
-      tf.summary.scalar('grad_norm', out['grad_norm'])
-      tf.summary.scalar('learning_rate', lr)
-      if rate:
-        tf.summary.scalar('images_per_sec', rate)
-        tf.summary.scalar('input_wait_fraction', wait)
-      tf.summary.scalar('skipped_records', self.skipped_records)
-      if loss_scale is not None:
-        tf.summary.scalar('loss_scale', loss_scale)
-        tf.summary.scalar('skipped_steps', trainer.skipped_steps)
+    scalars = {'accuracy': out['accuracy'], 'grad_norm': out['grad_norm'],
+               'learning_rate': lr, 'skipped_records': self.skipped_records}
+    if rate:
+      scalars.update(images_per_sec=rate, input_wait_fraction=wait)
+    if loss_scale is not None:
+      scalars.update(loss_scale=loss_scale,
+                     skipped_steps=trainer.skipped_steps)
+    self.writer.write(execution.step, scalars)
 
   def _check_step_rate(self, rate, wait):
     """Warns once where the step, input waits left out, runs more than

@@ -18,6 +18,7 @@ from pipeline.errors import UserError
 KEEP_BEST_METRICS = ('', 'eval_accuracy', 'eval_loss')
 TFLITE_WEIGHTS = ('', 'float32', 'float16')
 ONNX_PACKAGES = ('tf2onnx', 'onnxruntime')  # requirements-onnx.txt
+TRACKERS = ('mlflow', 'wandb')  # Their packages' names too.
 _DATA_SERVICE = re.compile(r'^grpc://[^:/\s]+:\d+$')
 
 
@@ -179,6 +180,14 @@ def _check_schedule_of_work(config):
   _one_of(config, 'keep_best_metric', KEEP_BEST_METRICS,
           "'' (off), eval_accuracy, eval_loss")
   _one_of(config, 'export_tflite', TFLITE_WEIGHTS, "'' (off), float32, float16")
+  for tracker in [n.strip() for n in config.tracking.split(',') if n.strip()]:
+    if tracker not in TRACKERS:
+      raise UserError(f'tracking={config.tracking!r}: unknown tracker '
+                      f"{tracker!r}; accepted: '' (off), mlflow, wandb, or "
+                      'both comma-separated')
+    if importlib.util.find_spec(tracker) is None:
+      raise UserError(f'tracking={tracker} needs the {tracker} package: pip '
+                      'install -r requirements-tracking.txt')
   missing = [name for name in ONNX_PACKAGES
              if importlib.util.find_spec(name) is None]
   if config.export_onnx and missing:
