@@ -85,7 +85,8 @@ def summarize(processes):
 def classes_that_differ(profile, typical):
   """{kernel class: {ms_per_step, median_process_ms_per_step}} where the
   outlier's time differs from the median process's by more than 5% and
-  CLASS_NOISE_MS, the largest difference first."""
+  CLASS_NOISE_MS, the largest difference first; without both profiles, a
+  line (str) saying which stage gives them."""
   if not (profile and typical and 'by_class' in profile and
           'by_class' in typical):
     return 'no profile to compare: ask for stage g'

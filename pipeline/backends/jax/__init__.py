@@ -1,6 +1,6 @@
 """Keras on JAX: today's TPUs (Colab, TPU7x), and any device JAX sees.
 
-One data-parallel mesh over every device of every host (devices.py), one
+One data-parallel mesh over every device of every host (mesh.py), one
 jitted program per step, dispatched a step at a time (programs.py), under
 a Trainer (trainer.py)
 whose state is JAX arrays. Checkpoints are Keras' `.weights.h5` files,

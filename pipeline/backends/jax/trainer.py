@@ -1,6 +1,7 @@
 """The Trainer on JAX: model, optimizer and the compiled step.
 
-As Keras 3.15's own JAX trainer, an execution is a Python loop that
+As Keras 3.15.1's JAX trainer (the pinned release's `_make_function`),
+an execution is a Python loop that
 dispatches one compiled step per batch (programs.py says why no program
 loops), with the state as JAX arrays (Keras' stateless_call and
 stateless_apply) written back into the Keras variables only to save or
