@@ -40,7 +40,12 @@ def _data(config):
   config.eval_csv = ''
   config.num_classes = 0  # tfrecord, image_folder, csv
   config.eval_fraction = 0.1  # image_folder, csv
+  # Pixels a side. 0: the network's own, as its published recipe trains
+  # it (B0 224, B4 380, V2-S 300: pipeline/recipe/models/); the digits
+  # are 8 px, so 32 here. eval_image_size 0: the training size where
+  # image_size is given, else the network's own evaluation size (V2-S 384).
   config.image_size = 32
+  config.eval_image_size = 0
   # 'memory': decoded images where they fit in half the free RAM, else the
   # encoded records (decoded and cropped each epoch); a local file prefix:
   # decoded images on disk; '' (off): decode every epoch, cropping as it

@@ -1,5 +1,6 @@
 """EfficientNet-B0 on ImageNet (tfds imagenet2012) at 224 px: tensorflow/tpu's
-recipe.
+recipe. Another network trains and evaluates at its own sizes
+(--config.model=efficientnet_b4: 380 px; efficientnetv2_s: 300, and 384).
 
   python -m launch.train --config=configs/imagenet.py --tpu=local \
       --config.data_dir=gs://BUCKET/tensorflow_datasets --workdir=gs://BUCKET/b0
@@ -28,7 +29,7 @@ from configs import default
 def get_config():
   config = default.get_config()
   config.dataset = 'imagenet2012'
-  config.image_size = 224
+  config.image_size = 0  # The network's own: B0 224, B4 380, V2-S 300/384.
   # tensorflow/tpu's crops: decoded straight from the JPEG's crop window.
   config.augment = 'inception'
   # 1.28 M JPEGs: about 140 GB as stored, 335 GB decoded at 256 px. Uncached,

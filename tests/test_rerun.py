@@ -19,6 +19,7 @@ import tensorflow as tf
 from configs import default
 from pipeline import backends
 from pipeline.errors import UserError
+from pipeline.recipe import models
 from pipeline.rules.config import request as request_lib
 from pipeline.rules.machine import hardware as devices
 from pipeline.run import plan as plan_lib
@@ -58,6 +59,10 @@ def fixture_first_run(tmp_path, tfds_dir):
 
 
 def _opened(config, workdir, policy='float32', **request):
+  """open_workdir as plan.resolve calls it: the sizes resolved first."""
+  sizes = models.image_sizes(config.model, config.image_size,
+                             config.eval_image_size)
+  config.image_size, config.eval_image_size = sizes.train, sizes.eval
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
   return run_workdir.open_workdir(

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import keras
 import numpy as np
@@ -30,14 +31,17 @@ from pipeline.storage import workdirs
 _METADATA = 'metadata.json'
 
 
-def write_saved_model(model, path, io_device=None):
+def write_saved_model(model, path, io_device=None, image_size=None):
   """`model` with a float32 softmax as a SavedModel at `path`, its one
-  endpoint 'serve' (uint8 images -> class probabilities): Keras'
+  endpoint 'serve' (uint8 images -> class probabilities) at `image_size`
+  (the evaluation size; None: the model's input size): Keras'
   model.export, with the SaveOptions it does not pass through."""
+  shape = ([None, image_size, image_size, 3] if image_size else
+           model.input.shape)
   archive = keras.export.ExportArchive()
   archive.track_and_add_endpoint(
       'serve', models.with_softmax(model),
-      [tf.TensorSpec(model.input.shape, model.input.dtype)])
+      [tf.TensorSpec(shape, model.input.dtype)])
   archive.write_out(path, verbose=False, options=tf.saved_model.SaveOptions(
       experimental_io_device=io_device))
 
@@ -99,7 +103,9 @@ def _converted_and_checked(saved_model, path, check_images):
   loaded = tf.saved_model.load(saved_model)  # Holds the variables.
   function = loaded.serve.get_concrete_function()
   frozen = convert_to_constants.convert_variables_to_constants_v2(function)
-  tf2onnx_lib.patch_tf2onnx()  # Keras' fix for tf2onnx under numpy 2.
+  with warnings.catch_warnings():  # numpy's FutureWarning on np.object.
+    warnings.simplefilter('ignore', FutureWarning)
+    tf2onnx_lib.patch_tf2onnx()  # Keras' fix for tf2onnx under numpy 2.
   with deprecation.silence():  # tf2onnx's TensorFlow 1 calls, each a warning.
     tf2onnx.convert.from_graph_def(
         frozen.graph.as_graph_def(),

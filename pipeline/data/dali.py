@@ -126,6 +126,11 @@ def _refusal(config, source):
             '--config.cutmix_alpha=0, or --config.input_pipeline=tf.data')
   if config.data_service:
     return 'a tf.data service runs tf.data: --config.input_pipeline=tf.data'
+  if config.eval_image_size != config.image_size:
+    return (f'its pipelines evaluate at the training size, not '
+            f'eval_image_size={config.eval_image_size}: set '
+            f'--config.eval_image_size={config.image_size}, or '
+            '--config.input_pipeline=tf.data')
   gcs = [p for p in source.all_record_files() if p.startswith('gs://')]
   if gcs:
     return (f'DALI reads local files, not {gcs[0]}: copy them to a local '

@@ -22,7 +22,7 @@ DECODES_IN_FLIGHT = 64
 def eval_preprocessing(spec):
   """How evaluation turns a file into the model's input (`spec`: the
   run's InputSpec), as the export's metadata records it: see eval_image."""
-  return {'image_size': spec.image_size,
+  return {'image_size': spec.eval_image_size,
           'central_fraction': spec.central_fraction,
           'rule': 'decode (grayscale, RGBA, CMYK -> RGB); take the central '
                   'square of central_fraction of the shorter side; resize it '

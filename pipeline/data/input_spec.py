@@ -13,9 +13,11 @@ from pipeline.data import augmentations
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-  """How examples become batches: their size, the training transform and
-  batch-level blends, the shuffle, the cache and a tf.data service."""
+  """How examples become batches: their size (training's, evaluation's),
+  the training transform and batch-level blends, the shuffle, the cache
+  and a tf.data service."""
   image_size: int
+  eval_image_size: int
   augmentation: augmentations.Augmentation
   mixup_alpha: float
   cutmix_alpha: float
@@ -29,7 +31,9 @@ class InputSpec:
 
   @classmethod
   def of(cls, config):
-    return cls(config.image_size, augmentations.of(config),
+    return cls(config.image_size,
+               config.eval_image_size or config.image_size,
+               augmentations.of(config),
                config.mixup_alpha, config.cutmix_alpha,
                config.shuffle_buffer, config.deterministic_input,
                config.seed, config.cache, config.data_service)

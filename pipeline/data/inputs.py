@@ -169,7 +169,7 @@ def eval_input_fn(spec, source, global_batch_size, cache=None):
   the static shape TPUs need. A decoded cache holds the final images.
   """
   cache = cache or _default_cache(spec)
-  size, fraction = spec.image_size, spec.central_fraction
+  size, fraction = spec.eval_image_size, spec.central_fraction
   steps = eval_steps(source, global_batch_size)
 
   @_not_converted

@@ -107,6 +107,8 @@ def metadata(plan):
       'dataset': source.name,
       'class_names': [source.class_name(i) for i in range(source.num_classes)],
       'input': 'uint8 RGB images [batch, image_size, image_size, 3]',
+      # Served at the evaluation size (preprocessing's image_size).
+      'train_image_size': plan.image_sizes.train,
       'output': 'float32 class probabilities [batch, num_classes]',
       'preprocessing': decode.eval_preprocessing(plan.input),
   }

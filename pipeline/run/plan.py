@@ -79,6 +79,8 @@ class Plan:
   # The changes from the workdir's run this one accepted (--accept_changes;
   # run_workdir.Change.to_json's), with the earlier runs' first: run.json's.
   accepted_changes: tuple = ()
+  # What it trains and evaluates at, and why (models.image_sizes).
+  image_sizes: Optional[models.ImageSizes] = None
 
   @property
   def policy(self):
@@ -136,6 +138,9 @@ class Plan:
         'steps_per_execution': self.steps_per_execution,
         'steps_per_execution_reason': self.steps_per_execution_reason,
         'peak_learning_rate': self.peak_learning_rate,
+        'image_size': self.image_sizes.train,
+        'eval_image_size': self.image_sizes.eval,
+        'image_sizes': self.image_sizes.describe(),
         'dataset': self.source.name, 'num_classes': self.source.num_classes,
         'class_names': list(self.source.class_names),
         'train_examples': self.source.num_train_examples,
@@ -182,7 +187,8 @@ class Plan:
         f'Workdir: {self.workdir.url if self.workdir else "none"}',
         f'Data: {self.source.name}, {self.source.num_classes} classes, '
         f'{self.source.num_train_examples} train / '
-        f'{self.source.num_eval_examples} eval examples; {self.total_steps} '
+        f'{self.source.num_eval_examples} eval examples; '
+        f'{self.image_sizes.describe()}; {self.total_steps} '
         f'steps ({config.epochs} epochs of {self.steps_per_epoch}); peak '
         f'learning rate {self.peak_learning_rate:.3g} = base '
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
@@ -233,12 +239,16 @@ def resolve(config, request, hardware=None):
       _measured(request, hardware, backend), backend.policy)
   xla, xla_reason = backend.choose_xla(request.xla, hardware,
                                        resolved_precision.policy)
+  validation.validate(config, hardware.num_replicas, recipe.tables(),
+                      (sources.SOURCES, augmentations.AUGMENTATIONS))
+  # Sizes left at 0 take the network's own; everything after reads them.
+  sizes = models.image_sizes(config.model, config.image_size,
+                             config.eval_image_size)
+  config.image_size, config.eval_image_size = sizes.train, sizes.eval
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
       config.image_size**2 * 3)
-  validation.validate(config, hardware.num_replicas, recipe.tables(),
-                      (sources.SOURCES, augmentations.AUGMENTATIONS))
   opened = run_workdir.open_workdir(config, request, hardware, backend,
                                     resolved_precision.policy)
   workdir, resumed = opened.workdir, opened.resumed
@@ -282,7 +292,7 @@ def resolve(config, request, hardware=None):
                               resolved_precision.policy)),
       objective=objective_lib.Objective.of(config, source.num_classes),
       input=spec, fine_tuning=tuning,
-      accepted_changes=opened.accepted_changes)
+      accepted_changes=opened.accepted_changes, image_sizes=sizes)
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():

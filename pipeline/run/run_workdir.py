@@ -24,6 +24,7 @@ from absl import logging
 from pipeline import backends
 from pipeline.data import sources
 from pipeline.errors import UserError
+from pipeline.recipe import models
 from pipeline.rules.config import validation
 from pipeline.storage import workdirs
 
@@ -93,10 +94,14 @@ def recipe_digest(config, policy):
 
 
 def changes_from(saved, config, policy, url):
-  """The Changes from the run.json `saved` to this run's recipe."""
-  theirs = recipe(validation.complete(saved['config'],
-                                      source=f'{url}/run.json'),
-                  saved.get('resolved', {}).get('policy', policy))
+  """The Changes from the run.json `saved` to this run's recipe (`config`
+  resolved: its sizes the network's where they were 0, as theirs are)."""
+  theirs = validation.complete(saved['config'], source=f'{url}/run.json')
+  # A run.json from before a size key existed holds its default, 0.
+  sizes = models.image_sizes(theirs.model, theirs.image_size,
+                             theirs.eval_image_size)
+  theirs.image_size, theirs.eval_image_size = sizes.train, sizes.eval
+  theirs = recipe(theirs, saved.get('resolved', {}).get('policy', policy))
   ours = recipe(config, policy)
   return [Change(key, theirs[key], ours[key]) for key in ours
           if theirs.get(key) != ours[key]]

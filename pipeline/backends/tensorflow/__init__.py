@@ -90,9 +90,9 @@ class TensorFlowBackend:
     return tf.profiler.experimental.start, tf.profiler.experimental.stop
 
   def write_saved_model(self, model, metadata, path, io_device=None):
-    del metadata  # The model is here.
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    tensorflow_exports.write_saved_model(model, path, io_device)
+    tensorflow_exports.write_saved_model(
+        model, path, io_device, metadata['preprocessing']['image_size'])
 
   def write_onnx(self, weights, metadata, path, check_images, export_dir):
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top

@@ -13,6 +13,8 @@ nested layer, `backbone(model)`: what published weights load into, what
 fine-tuning freezes.
 """
 
+import dataclasses
+
 import keras
 
 from pipeline import parts
@@ -26,10 +28,48 @@ MODELS.register(efficientnet.EfficientNet())
 MODELS.register(resnet.ResNet())
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageSizes:
+  """The sizes a run trains and evaluates at, and where they came from."""
+  train: int
+  eval: int
+  train_from: str
+  eval_from: str
+
+  def describe(self):
+    """'380 px training, 380 px evaluation (efficientnet_b4's own: ...)'."""
+    if self.train_from == self.eval_from:
+      return (f'{self.train} px training, {self.eval} px evaluation '
+              f'({self.train_from})')
+    return (f'{self.train} px training ({self.train_from}), {self.eval} px '
+            f'evaluation ({self.eval_from})')
+
+  def to_json(self):
+    return dataclasses.asdict(self)
+
+
+def image_sizes(model, image_size, eval_image_size):
+  """The ImageSizes of a run of `model` asked for at `image_size` and
+  `eval_image_size` (0: the network's own, as its published recipe trains
+  and evaluates it; eval_image_size 0 beside a given image_size: that)."""
+  train, evaluation, recipe = MODELS[model].image_sizes(model)
+  own = f"{model}'s own: {recipe}"
+  if image_size:
+    sizes = (image_size, 'image_size')
+    default_eval = (image_size, 'the training size')
+  else:
+    sizes, default_eval = (train, own), (evaluation, own)
+  if eval_image_size:
+    default_eval = (eval_image_size, 'eval_image_size')
+  return ImageSizes(sizes[0], default_eval[0], sizes[1], default_eval[1])
+
+
 def build_model(name, num_classes, image_size, dropout_rate=0.2,
                 batch_norm_momentum=0.99, drop_connect_rate=0.2,
                 weights=None, forms=None):
-  """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits.
+  """Returns a Keras model: uint8 [B, H, W, 3] images -> float32 logits,
+  at `image_size` (None: any size, as a run evaluated at another size
+  than it trains at needs; each size is its own compiled program).
 
   keras.applications fixes batch-norm momentum (0.99 in most), tuned for
   hundreds of ImageNet epochs; a short run needs faster-moving inference
@@ -70,8 +110,11 @@ def model_of_run(plan):
 
 def model_of_config(config, num_classes):
   """The network `config` describes, for `num_classes` (launch.probe's,
-  which has no plan, and the run's)."""
-  return build_model(config.model, num_classes, config.image_size,
+  which has no plan, and the run's): at its one image size, or any size
+  where it evaluates at another (`eval_image_size`, resolved)."""
+  fixed = config.eval_image_size in (0, config.image_size)
+  return build_model(config.model, num_classes,
+                     config.image_size if fixed else None,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate,
                      forms=layers.forms_of(config))

@@ -24,6 +24,17 @@ TINY = 'efficientnet_tiny'
 # but learned features too shallow to carry over: fine-tuning from them did
 # no better than a random start (tests/test_finetune.py).
 TINY_STAGES = efficientnet.DEFAULT_BLOCKS_ARGS[:4]
+# Each network's own sizes: tensorflow/tpu trains and evaluates B0-B7 at
+# one size each (models/official/efficientnet, efficientnet_builder.py's
+# efficientnet_params); google/automl's efficientnetv2 trains at the first
+# and evaluates at the second (effnetv2_configs.py's efficientnetv2_params).
+# Keras' applications build each at its evaluation size (a test holds the
+# two tables to them). The tiny network takes B0's.
+V1_SIZES = dict(zip(V1, (224, 240, 260, 300, 380, 456, 528, 600)))
+V2_SIZES = {'efficientnetv2_b0': (192, 224), 'efficientnetv2_b1': (192, 240),
+            'efficientnetv2_b2': (208, 260), 'efficientnetv2_b3': (240, 300),
+            'efficientnetv2_s': (300, 384), 'efficientnetv2_m': (384, 480),
+            'efficientnetv2_l': (384, 480)}
 # The stochastic depth keras.applications builds every EfficientNet with:
 # block i of n drops its residual branch with probability 0.2 * i / n.
 BUILT_DROP_CONNECT_RATE = 0.2
@@ -51,6 +62,13 @@ class EfficientNet(ModelFamily):
   def with_its_top(self, name, num_classes, input_shape):
     return _constructor(name)(weights=None, classes=num_classes,
                               input_shape=input_shape)
+
+  def image_sizes(self, name):
+    if name in V2_SIZES:
+      return (*V2_SIZES[name], "google/automl's EfficientNetV2 recipe")
+    size = V1_SIZES.get(name, V1_SIZES['efficientnet_b0'])
+    return size, size, ("tensorflow/tpu's EfficientNet recipe" if name in V1
+                        else "B0's, tensorflow/tpu's recipe")
 
   def published_file(self, name):
     """Keras 3's names: the network's own + '_notop.h5'

@@ -27,6 +27,12 @@ class ModelFamily(parts.Part):
     so); None where it normalises them itself."""
     del name
 
+  def image_sizes(self, name):
+    """(training, evaluation) sizes in pixels that `name`'s published
+    recipe uses, and where they come from: what image_size and
+    eval_image_size 0 take."""
+    raise NotImplementedError
+
   def published_file(self, name):
     """The file name of Keras' published headless ImageNet weights of
     `name`, for a user fetching them by hand; a one-line UserError for a

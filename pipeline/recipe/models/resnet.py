@@ -32,6 +32,9 @@ class ResNet(ModelFamily):
   def names(self):
     return ('resnet50',)
 
+  def image_sizes(self, name):
+    return 224, 224, "the ResNet paper's ImageNet recipe"
+
   def headless(self, name, weights, input_shape):
     del name
     return keras.applications.ResNet50(

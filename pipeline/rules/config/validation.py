@@ -109,10 +109,11 @@ def _check_batch(config, replicas):
 def _check_recipe(config, tables):
   for table in tables:
     table.check(config)
-  if config.image_size < 32:
-    raise UserError(f'image_size={config.image_size} is too small for '
-                    'the networks (keras.applications takes 32 or more); use '
-                    '32 or more')
+  for key in ('image_size', 'eval_image_size'):
+    if config[key] and config[key] < 32:  # 0: the network's own.
+      raise UserError(f'{key}={config[key]} is too small for the networks '
+                      '(keras.applications takes 32 or more); use 32 or '
+                      "more, or 0 for the network's own")
   if not 0.0 <= config.ema_decay < 1.0:
     raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 is '
                     "off, 0.9999 is tensorflow/tpu's")

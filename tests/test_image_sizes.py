@@ -1,0 +1,123 @@
+"""Each network at its own resolution (models.image_sizes), evaluation at
+its own size (eval_image_size), and where the sizes came from.
+
+Runs on TensorFlow here and on JAX in the JAX tier (the run evaluated at
+another size than it trains at).
+"""
+
+import json
+import os
+
+import pytest
+
+from conftest import jax_args, run_train, tiny_args
+from configs import imagenet
+from pipeline.recipe import models
+
+ON_JAX = os.environ.get('KERAS_BACKEND') == 'jax'
+TPU = "tensorflow/tpu's EfficientNet recipe"
+AUTOML = "google/automl's EfficientNetV2 recipe"
+
+
+@pytest.mark.parametrize('model, image_size, eval_image_size, says', [
+    # 0: the network's own, as its published recipe trains and evaluates.
+    ('efficientnet_b4', 0, 0, '380 px training, 380 px evaluation '
+     f"(efficientnet_b4's own: {TPU})"),
+    ('efficientnetv2_s', 0, 0, '300 px training, 384 px evaluation '
+     f"(efficientnetv2_s's own: {AUTOML})"),
+    ('efficientnetv2_m', 0, 0, '384 px training, 480 px evaluation '
+     f"(efficientnetv2_m's own: {AUTOML})"),
+    ('resnet50', 0, 0, '224 px training, 224 px evaluation '
+     "(resnet50's own: the ResNet paper's ImageNet recipe)"),
+    # A given training size is evaluated at unless eval_image_size says.
+    ('efficientnetv2_s', 32, 0, '32 px training (image_size), 32 px '
+     'evaluation (the training size)'),
+    ('efficientnet_b0', 160, 224, '160 px training (image_size), 224 px '
+     'evaluation (eval_image_size)'),
+    ('efficientnetv2_s', 0, 416, '300 px training (efficientnetv2_s\'s '
+     f'own: {AUTOML}), 416 px evaluation (eval_image_size)'),
+])
+def test_each_network_trains_and_evaluates_at_its_own_sizes(
+    model, image_size, eval_image_size, says):
+  assert models.image_sizes(model, image_size,
+                            eval_image_size).describe() == says
+
+
+def test_the_imagenet_config_leaves_the_size_to_the_network():
+  config = imagenet.get_config()
+  assert (config.image_size, config.eval_image_size) == (0, 0)
+  sizes = models.image_sizes(config.model, config.image_size,
+                             config.eval_image_size)
+  assert (sizes.train, sizes.eval) == (224, 224)
+
+
+def test_the_dry_run_says_b4s_380_px_and_v2s_384(tfds_dir, tmp_path):
+  """The issue's command on the bundled digits (ImageNet is not here)."""
+  for model, line in (('efficientnet_b4', '380 px training, 380 px '
+                       f"evaluation (efficientnet_b4's own: {TPU})"),
+                      ('efficientnetv2_s', '300 px training, 384 px '
+                       f"evaluation (efficientnetv2_s's own: {AUTOML})")):
+    result = run_train('--config=configs/imagenet.py',
+                       f'--config.model={model}',
+                       '--config.dataset=sklearn_digits',
+                       f'--config.data_dir={tfds_dir}',
+                       '--config.global_batch_size=64',
+                       f'--workdir={tmp_path / model}', '--dry_run',
+                       timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f'; {line}; ' in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_tables_are_the_published_recipes():
+  """Keras builds each network of keras.applications at its evaluation
+  size (its published weights' size), which is tensorflow/tpu's for B0-B7
+  (trained at the same size) and google/automl's for V2."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe.models import efficientnet  # pylint: disable=g-import-not-at-top
+  constructor = lambda name: getattr(
+      keras.applications, f'EfficientNetB{name[-1]}' if name in
+      efficientnet.V1 else f'EfficientNetV2{name.split("_")[1].upper()}')
+  for name in (*efficientnet.V1, *efficientnet.V2):
+    train, evaluation, _ = models.MODELS[name].image_sizes(name)
+    built = constructor(name)(weights=None)
+    assert built.input_shape[1:3] == (evaluation, evaluation), name
+    if name in efficientnet.V1:
+      assert train == evaluation, name
+    else:
+      assert train < evaluation, name
+  assert models.MODELS['resnet50'].image_sizes('resnet50')[:2] == (224, 224)
+  assert keras.applications.ResNet50(weights=None).input_shape[1:3] == (
+      224, 224)
+
+
+@pytest.mark.slow
+def test_a_run_evaluates_and_exports_at_its_evaluation_size(tfds_dir,
+                                                            tmp_path):
+  """Trained at 32 px and evaluated at 48 (the network takes any size):
+  its evaluation's inputs are 48 px, the export serves 48 px images and
+  its metadata says both sizes; run.json says where they came from."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  extra = ('--config.eval_image_size=48', '--config.export=true')
+  args = (jax_args(workdir, tfds_dir, *extra) if ON_JAX else
+          tiny_args(workdir, tfds_dir, *extra))
+  result = run_train(*args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ('32 px training (image_size), 48 px evaluation (eval_image_size)'
+          in result.stderr)
+  run = json.loads((workdir / 'run.json').read_text())
+  assert (run['resolved']['image_size'],
+          run['resolved']['eval_image_size']) == (32, 48)
+  metadata = json.loads((workdir / 'export' / 'metadata.json').read_text())
+  assert metadata['preprocessing']['image_size'] == 48
+  assert metadata['train_image_size'] == 32
+  export = tf.saved_model.load(str(workdir / 'export'))
+  spec = export.serve.get_concrete_function().inputs[0].shape
+  assert spec.as_list() == [None, 48, 48, 3]
+  images = np.random.RandomState(0).randint(0, 256, (2, 48, 48, 3))
+  assert export.serve(images.astype(np.uint8)).shape == (2, 10)
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['eval_examples'] == 359 and metrics['image_size'] == 32
+  assert metrics['eval_image_size'] == 48
