@@ -239,7 +239,7 @@ def test_export_with_the_tpu_node_io_device_loads(tmp_path):
   probabilities = loaded.serve(np.zeros((2, 8, 8, 3), np.uint8)).numpy()
   np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
   assert workdirs.read_json(os.path.join(url, 'metadata.json')) == {
-      'model': 'tiny', 'tflite': None}
+      'model': 'tiny', 'tflite': None, 'onnx': None}
 
 
 def test_sigterm_during_a_log_write_is_not_lost(tmp_path):

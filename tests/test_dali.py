@@ -44,7 +44,7 @@ def _config(**overrides):
   config = ml_collections.ConfigDict(dict(
       input_pipeline='dali', dataset='tfrecord', mixup_alpha=0.0,
       cutmix_alpha=0.0, data_service='', train_files='/data/train-*',
-      eval_files='/data/eval-*'))
+      eval_files='/data/eval-*', image_size=224, eval_image_size=224))
   config.update(overrides)
   return config
 
@@ -129,6 +129,9 @@ def test_tf_data_stays_the_default_and_auto_takes_dali_only_where_measured():
     (dict(data_service='grpc://d:5050'), 'a tf.data service runs tf.data'),
     (dict(train_files='gs://b/train-*'), 'DALI reads local files, not '
      'gs://b/train-*'),
+    (dict(eval_image_size=288), 'its pipelines evaluate at the training '
+     'size, not eval_image_size=288: set --config.eval_image_size=224, or '
+     '--config.input_pipeline=tf.data'),
 ])
 def test_what_dali_cannot_run_is_one_line(overrides, message, monkeypatch):
   monkeypatch.setattr(dali, 'installed', lambda: True)

@@ -91,8 +91,10 @@ class TensorFlowBackend:
 
   def write_saved_model(self, model, metadata, path, io_device=None):
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
+    # Served at the evaluation size; without one, the model's input's.
     tensorflow_exports.write_saved_model(
-        model, path, io_device, metadata['preprocessing']['image_size'])
+        model, path, io_device,
+        metadata.get('preprocessing', {}).get('image_size'))
 
   def write_onnx(self, weights, metadata, path, check_images, export_dir):
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
