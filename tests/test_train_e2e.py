@@ -167,8 +167,12 @@ def test_follow_evaluates_committed_checkpoints_once(mirrored_run, tmp_path,
       workdir=workdir, policy=policy, trains=False),
                           devices.Hardware(tf.distribute.get_strategy(),
                                            'CPU', detail='host CPU'))
-  evaluator = evaluation.Evaluator(plan)
-  reports = evaluator.follow(poll_s=0.1, timeout_s=5)
+  try:
+    evaluator = evaluation.Evaluator(plan)  # Sets the run's policy.
+    reports = evaluator.follow(poll_s=0.1, timeout_s=5)
+  finally:  # Other modules of this process build under float32.
+    import keras  # pylint: disable=g-import-not-at-top
+    keras.mixed_precision.set_global_policy('float32')
   assert [r['step'] for r in reports] == [16]
   assert os.path.exists(os.path.join(workdir, 'evaluation',
                                      'held-out-step16.json'))
