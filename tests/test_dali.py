@@ -499,7 +499,8 @@ def test_a_hosts_pipelines_share_its_cores_and_decode_an_execution_ahead(
   pipeline = source.pipeline(0, 2, None, local_pipelines=2)
   assert pipeline.num_threads == 1
   config = ml_collections.ConfigDict(dict(
-      train_files=str(path), image_size=224, label_offset=0, augment='none',
+      train_files=str(path), image_size=224, eval_image_size=224,
+      label_offset=0, augment='none',
       shuffle_buffer=64, deterministic_input=False, seed=0, mixup_alpha=0.0,
       cutmix_alpha=0.0, cache='', data_service=''))
   digits = types.SimpleNamespace(num_train_examples=16, num_classes=16,

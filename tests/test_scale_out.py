@@ -374,7 +374,8 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path,
     return [subprocess.Popen(
         [sys.executable, '-m', 'launch.train',
          *tiny_args(str(workdir), tfds_dir, f'--config.epochs={epochs}',
-                    '--config.checkpoint_every_steps=1000')],
+                    '--config.checkpoint_every_steps=1000',
+                    '--accept_changes=epochs')],  # Shortened, on purpose.
         cwd=REPO, env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         process_group=0)

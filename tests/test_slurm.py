@@ -182,7 +182,7 @@ def test_a_job_at_its_time_limit_requeues_twice_and_finishes(
       ['sbatch', '--parsable', '--gpus-per-node=0',
        f'--time={LIMIT_MINUTES}', f'--signal=B:USR1@{SIGNAL_S}',
        f'--output={log}', str(script), f'--config={length}',
-       *_train_args(workdir, tfds_dir)],
+       *_train_args(workdir, tfds_dir), '--accept_changes=epochs'],
       cwd=tmp_path, env=dict(slurm, PIPELINE_DIR=REPO), capture_output=True,
       text=True, check=True).stdout.strip()
   running = lambda: bool(_job_state(slurm, job))
@@ -282,7 +282,8 @@ def test_srun_trains_one_run_and_a_killed_task_stops_the_other(
   # the run got before the kill is the machine's speed): resumes there and
   # finishes.
   total = (newest // 8 + 2) * 8
-  again = subprocess.run([*command, f'--config.epochs={total // 8}'],
+  again = subprocess.run([*command, f'--config.epochs={total // 8}',
+                          '--accept_changes=epochs'],
                          cwd=REPO, env=tasks_env, capture_output=True,
                          text=True, timeout=900)
   output = again.stdout + again.stderr
@@ -372,7 +373,7 @@ def test_scancel_stops_every_task_with_a_checkpoint_and_sbatch_resumes(
   second_log = tmp_path / 'second.out'
   second = subprocess.run(
       [*sbatch, '--wait', f'--output={second_log}', script, *args,
-       f'--config.epochs={total // 8}'],
+       f'--config.epochs={total // 8}', '--accept_changes=epochs'],
       cwd=tmp_path, env=slurm, check=True, timeout=900, capture_output=True,
       text=True)
   output = second_log.read_text()
