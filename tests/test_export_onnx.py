@@ -42,6 +42,7 @@ def test_a_float32_export_has_an_onnx_model_that_computes_the_same(tmp_path):
   check_onnx_agrees_with_the_saved_model(_exported(tmp_path))
 
 
+@pytest.mark.slow  # A second network built and converted: the fast suite's time.
 def test_a_bfloat16_exports_onnx_from_a_float32_rebuild(tmp_path):
   """onnxruntime runs no mixed bfloat16 graph: the ONNX model is a float32
   rebuild's, checked against that rebuild, and metadata.json says so."""
