@@ -335,7 +335,8 @@ def test_a_dead_worker_stops_the_other_and_both_restarted_train_together(
 
   # Restart both, with a shorter schedule: they resume from the checkpoint
   # and train to the end together.
-  short = ('--config.epochs=3', '--config.export=true')
+  short = ('--config.epochs=3', '--config.export=true',
+           '--accept_changes=epochs')
   chief, other = start(0, short), start(1, short)
   outputs = [p.communicate(timeout=600)[1] for p in (chief, other)]
   assert chief.returncode == 0 and other.returncode == 0, outputs[0][-3000:]
