@@ -13,6 +13,7 @@ util-linux, run as root, without munge (auth/none).
 """
 
 import contextlib
+import fcntl
 import os
 import socket
 import subprocess
@@ -23,6 +24,10 @@ BRIDGE = 'slurmbr0'
 SUBNET = '10.213.0'
 HOSTS = '/etc/hosts'
 _MARK = '# tests/slurm_nodes.py'
+# Held while a cluster runs: the bridge, namespaces and host names are
+# machine-wide, so two test processes take turns, and whatever the lock's
+# holder finds is a killed run's leftovers (its lock went with it).
+_LOCK = '/run/slurm_nodes.lock'
 
 
 def missing():
@@ -84,37 +89,46 @@ def _config(root, nodes, gpus, port):
     (root / state).mkdir(exist_ok=True)
 
 
+def _remove(nodes):
+  """Takes the bridge, the nodes' namespaces and their host names away,
+  whichever exist."""
+  with open(HOSTS, encoding='utf-8') as f:
+    lines = f.readlines()
+  if any(_MARK in line for line in lines):
+    with open(HOSTS, 'w', encoding='utf-8') as f:
+      f.writelines(line for line in lines if _MARK not in line)
+  for name, _ in nodes:
+    subprocess.run(['ip', 'netns', 'delete', name], capture_output=True,
+                   check=False)
+  subprocess.run(['ip', 'link', 'delete', BRIDGE], capture_output=True,
+                 check=False)
+
+
 @contextlib.contextmanager
 def _network(nodes):
   """A bridge with an address, each node a namespace on it; their names in
-  /etc/hosts. Removed after."""
-  _run('ip', 'link', 'add', BRIDGE, 'type', 'bridge')
-  try:
-    _run('ip', 'addr', 'add', f'{SUBNET}.1/24', 'dev', BRIDGE)
-    _run('ip', 'link', 'set', BRIDGE, 'up')
-    for index, (name, address) in enumerate(nodes):
-      _run('ip', 'netns', 'add', name)
-      _run('ip', 'link', 'add', f'slurmv{index}', 'type', 'veth', 'peer',
-           'name', 'eth0', 'netns', name)
-      _run('ip', 'link', 'set', f'slurmv{index}', 'master', BRIDGE, 'up')
-      for command in (['addr', 'add', f'{address}/24', 'dev', 'eth0'],
-                      ['link', 'set', 'eth0', 'up'], ['link', 'set', 'lo',
-                                                      'up']):
-        _run('ip', '-n', name, *command)
-    with open(HOSTS, encoding='utf-8') as f:
-      kept = f.read()
-    with open(HOSTS, 'a', encoding='utf-8') as f:
-      f.writelines(f'{address} {name} {_MARK}\n' for name, address in nodes)
-    yield
-  finally:
-    if 'kept' in locals():
-      with open(HOSTS, 'w', encoding='utf-8') as f:
-        f.write(kept)
-    for name, _ in nodes:
-      subprocess.run(['ip', 'netns', 'delete', name], capture_output=True,
-                     check=False)
-    subprocess.run(['ip', 'link', 'delete', BRIDGE], capture_output=True,
-                   check=False)
+  /etc/hosts. Removed after, and before if a killed run left them."""
+  with open(_LOCK, 'w', encoding='utf-8') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    _remove(nodes)
+    try:
+      _run('ip', 'link', 'add', BRIDGE, 'type', 'bridge')
+      _run('ip', 'addr', 'add', f'{SUBNET}.1/24', 'dev', BRIDGE)
+      _run('ip', 'link', 'set', BRIDGE, 'up')
+      for index, (name, address) in enumerate(nodes):
+        _run('ip', 'netns', 'add', name)
+        _run('ip', 'link', 'add', f'slurmv{index}', 'type', 'veth', 'peer',
+             'name', 'eth0', 'netns', name)
+        _run('ip', 'link', 'set', f'slurmv{index}', 'master', BRIDGE, 'up')
+        for command in (['addr', 'add', f'{address}/24', 'dev', 'eth0'],
+                        ['link', 'set', 'eth0', 'up'],
+                        ['link', 'set', 'lo', 'up']):
+          _run('ip', '-n', name, *command)
+      with open(HOSTS, 'a', encoding='utf-8') as f:
+        f.writelines(f'{address} {name} {_MARK}\n' for name, address in nodes)
+      yield
+    finally:
+      _remove(nodes)
 
 
 @contextlib.contextmanager
