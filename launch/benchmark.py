@@ -35,9 +35,11 @@ environment.prepare(sys.argv)  # Before TensorFlow loads.
 from absl import flags
 
 from launch import cli
+from pipeline import backends
 from pipeline.reports import benchmark
 from pipeline.reports import benchmark_report
 from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.run import plan
 from pipeline.reports import saved_measurements
 from pipeline.storage import workdirs
@@ -73,9 +75,10 @@ _BACKENDS = flags.DEFINE_list(
     'backends', [], 'Compare instead: the same benchmark on each of these '
     "Keras backends (tensorflow, jax), each in its own process (Keras' "
     'backend is fixed per process), printed side by side.')
+_NAMED_BACKENDS = [name for name in backends.BACKENDS if name != 'auto']
 flags.register_validator(
-    'backends', lambda names: set(names) <= {'tensorflow', 'jax'},
-    '--backends takes tensorflow, jax or both')
+    'backends', lambda names: set(names) <= set(_NAMED_BACKENDS),
+    f'--backends takes {", ".join(_NAMED_BACKENDS)} or both')
 _TARGET = flags.DEFINE_float(
     'target_images_per_sec', 0,
     'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
@@ -136,12 +139,12 @@ def _one_run(config, request):
   text = benchmark_report.table(result)
   if _SAVE_POLICY.value:
     rates = result.get('pipelines_images_per_sec', {})
-    if dali.DALI not in rates:
+    if str(input_pipeline_lib.Pipeline.DALI) not in rates:
       raise UserError('--save_policy --input_only compares tf.data with '
                       'DALI on TFRecord files (--config.dataset=tfrecord) '
                       f'where DALI is installed; {dali.INSTALL}')
     text += (f'\nkept for --config.input_pipeline=auto on {gpu}: '
-             f'{dali.save_rates(gpu, rates)}')
+             f'{input_pipeline_lib.save_rates(gpu, rates)}')
   return result, text
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.rules.machine import cluster as cluster_lib
+from pipeline.rules.machine import slurm_variables
 from pipeline.rules.machine import placement
 
 # What `srun -N 2 -n 4` sets in its last task (Slurm 22.05, block layout).
@@ -101,7 +102,7 @@ def test_slurm_node_lists_expand_without_scontrol(node_list, monkeypatch):
   """Node lists expand with no Slurm command on PATH (a task inside a
   container has none)."""
   monkeypatch.setenv('PATH', '/nonexistent')
-  assert cluster_lib.hostnames(node_list) == NODE_LISTS[node_list]
+  assert slurm_variables.hostnames(node_list) == NODE_LISTS[node_list]
 
 
 @pytest.mark.skipif(not shutil.which('scontrol'),
@@ -120,12 +121,12 @@ def test_node_lists_expand_as_scontrol_expands_them(tmp_path, monkeypatch):
 def test_a_node_list_that_does_not_expand_is_one_line():
   with pytest.raises(UserError, match=r"Slurm's node list 'n\[1-' does not "
                      r'expand \(.*\); expected names and ranges'):
-    cluster_lib.hostnames('n[1-')
+    slurm_variables.hostnames('n[1-')
 
 
 def test_slurm_tasks_per_node():
-  assert cluster_lib.expand_counts('2(x3),1') == [2, 2, 2, 1]
-  assert cluster_lib.expand_counts('8') == [8]
+  assert slurm_variables.expand_counts('2(x3),1') == [2, 2, 2, 1]
+  assert slurm_variables.expand_counts('8') == [8]
 
 
 @pytest.mark.parametrize('environ, engine, count, rank, coordinator', [

@@ -23,6 +23,7 @@ import tensorflow as tf
 from conftest import run_module, run_train
 from pipeline.data import augmentations
 from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import sources
 from pipeline.data import dali_index
 from pipeline.data import decode
@@ -50,13 +51,13 @@ def _config(**overrides):
 
 
 def _choose(config, *args):
-  """dali.choose for `config` with its source as a run loads it: a
+  """input_pipeline_lib.choose for `config` with its source as a run loads it: a
   tfrecord set's files, or another source's (no record files)."""
   files = ({'train': (config.train_files,), 'eval': (config.eval_files,)}
            if config.dataset == 'tfrecord' else {})
   source = sources.Source(config.dataset, 10, 64, 16, None, None,
                           record_files=files)
-  return dali.choose(config, source, *args)
+  return input_pipeline_lib.choose(config, source, *args)
 
 
 def _png(array):
@@ -97,27 +98,30 @@ def _run(pipeline, batches):
 # --- the choice and its one-line refusals (no DALI needed) --------------------
 
 
+TF_DATA, DALI = input_pipeline_lib.Pipeline.TF_DATA, input_pipeline_lib.Pipeline.DALI
+
+
 def test_tf_data_stays_the_default_and_auto_takes_dali_only_where_measured():
-  assert _choose(_config(input_pipeline='tf.data'), 'GPU')[0] == 'tf.data'
+  assert _choose(_config(input_pipeline='tf.data'), 'GPU')[0] is TF_DATA
   assert _choose(_config(input_pipeline='auto'), 'CPU') == (
-      'tf.data', 'auto: DALI pays on GPUs only (its CPU decoding is slower)')
+      TF_DATA, 'auto: DALI pays on GPUs only (its CPU decoding is slower)')
   if dali.installed():
     pipeline, reason = _choose(_config(input_pipeline='auto'), 'GPU')
-    assert pipeline == 'tf.data' and '--input_only --save_policy' in reason
+    assert pipeline is TF_DATA and '--input_only --save_policy' in reason
     pipeline, reason = _choose(_config(input_pipeline='auto'), 'GPU',
                                    {'dali': 9000.0, 'tf.data': 6689.0})
     assert (pipeline, reason) == (
-        'dali', 'auto: measured faster on this GPU (dali 9,000, tf.data '
+        DALI, 'auto: measured faster on this GPU (dali 9,000, tf.data '
         '6,689 img/s)')
     assert _choose(_config(input_pipeline='auto'), 'GPU',
-                       {'dali': 5000.0, 'tf.data': 6689.0})[0] == 'tf.data'
+                       {'dali': 5000.0, 'tf.data': 6689.0})[0] is TF_DATA
     # Measured faster, but this config needs tf.data: it says why.
     pipeline, reason = _choose(
         _config(input_pipeline='auto', mixup_alpha=0.2), 'GPU',
         {'dali': 9000.0, 'tf.data': 6689.0})
-    assert pipeline == 'tf.data' and 'mixup and CutMix run in tf.data' in reason
+    assert pipeline is TF_DATA and 'mixup and CutMix run in tf.data' in reason
     assert _choose(_config(), 'CPU') == (
-        'dali', 'as configured; decoding on the CPU (no GPU)')
+        DALI, 'as configured; decoding on the CPU (no GPU)')
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -146,21 +150,21 @@ def test_without_dali_the_option_names_the_file_to_install(monkeypatch):
       'DALI is not installed; pip install -r requirements-gpu.txt')):
     _choose(_config(), 'GPU')
   assert _choose(_config(input_pipeline='auto'), 'GPU') == (
-      'tf.data', 'auto: DALI is not installed')
+      TF_DATA, 'auto: DALI is not installed')
 
 
 def test_saved_measurements_are_read_back_and_bad_ones_passed_over(
     tmp_path, monkeypatch):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-  assert dali.saved_rates('NVIDIA H100 80GB HBM3') is None
-  path = dali.save_rates('NVIDIA H100 80GB HBM3',
+  assert input_pipeline_lib.saved_rates('NVIDIA H100 80GB HBM3') is None
+  path = input_pipeline_lib.save_rates('NVIDIA H100 80GB HBM3',
                          {'dali': 9000.0, 'tf.data': 6689.0})
-  assert dali.saved_rates('NVIDIA H100 80GB HBM3') == {'dali': 9000.0,
+  assert input_pipeline_lib.saved_rates('NVIDIA H100 80GB HBM3') == {'dali': 9000.0,
                                                        'tf.data': 6689.0}
-  assert dali.saved_rates('Tesla T4') is None  # Another GPU model.
+  assert input_pipeline_lib.saved_rates('Tesla T4') is None  # Another GPU model.
   with open(path, 'w') as f:
     f.write('{"images_per_sec": 3')
-  assert dali.saved_rates('NVIDIA H100 80GB HBM3') is None
+  assert input_pipeline_lib.saved_rates('NVIDIA H100 80GB HBM3') is None
 
 
 # --- the index (no DALI needed) -----------------------------------------------

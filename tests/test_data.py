@@ -414,9 +414,9 @@ def test_memory_cache_holds_decoded_then_encoded_then_refuses(tfds_dir):
   source = sources.load_source(config)
   spec = InputSpec.of(config)
   kind, why = cache.choose(spec, source, available_bytes=64 * 2**30)
-  assert kind == 'decoded' and 'fit in half the 64.0 GiB free' in why
+  assert kind is cache.Kind.DECODED and 'fit in half the 64.0 GiB free' in why
   kind, why = cache.choose(spec, source, available_bytes=100 * 2**20)
-  assert kind == 'encoded' and 'decoded and cropped each epoch' in why
+  assert kind is cache.Kind.ENCODED and 'decoded and cropped each epoch' in why
   with pytest.raises(UserError, match=r'cache=memory needs about .* GiB'):
     cache.choose(spec, source, available_bytes=64 * 2**10)
 
@@ -519,11 +519,11 @@ def test_encoded_cache_decodes_and_counts_each_pass(tfrecord_dir):
   config = _tfrecord_config(root, cache='memory', augment='inception')
   source = sources.load_source(config)
   spec = InputSpec.of(config)
-  dataset = inputs.train_input_fn(spec, source, 8, cache='encoded')(
+  dataset = inputs.train_input_fn(spec, source, 8, cache=cache.Kind.ENCODED)(
       _context())
   batches = list(dataset.take(3 * good // 8))
   assert all(b[0].shape == (8, 32, 32, 3) for b in batches)
   assert 4 <= sum(int(tf.reduce_sum(b[2])) for b in batches) <= 6
-  evaluation = inputs.eval_input_fn(spec, source, 8, cache='encoded')(
+  evaluation = inputs.eval_input_fn(spec, source, 8, cache=cache.Kind.ENCODED)(
       _context())
   assert sum(int(tf.reduce_sum(w)) for _, _, w in evaluation) == 11

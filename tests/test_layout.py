@@ -192,6 +192,93 @@ def test_the_part_check_finds_a_comparison(line):
   assert _asks_which_part(_named_parts()).search(line)
 
 
+# --- Named choices: each vocabulary's words are its owner's alone ---------
+#
+# A name a table, an enum or an engine owns, spelt as a string elsewhere and
+# compared (==, !=, in, a literal tuple or set it is looked for in), made a
+# dictionary key or a set's member, or matched with startswith/endswith, is
+# a choice travelling as a string: the owner's type or method answers it.
+
+
+def _vocabularies():
+  """(what, its words, the modules that own them) of every vocabulary."""
+  from pipeline import backends  # pylint: disable=g-import-not-at-top
+  from pipeline.data import cache, input_pipeline  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import checkpoint_format  # pylint: disable=g-import-not-at-top
+  return [
+      ('a part', _named_parts(), (*KNOWS_ITS_NAME, *KNOWS_ITS_NAME_IN)),
+      ("a cluster engine's display name", ENGINE_NAMES,
+       ('pipeline.rules.machine.cluster',)),
+      ('an input pipeline', {p.value for p in input_pipeline.Pipeline},
+       ('pipeline.data.input_pipeline', 'pipeline.data.dali')),
+      ('a cache kind', {k.value for k in cache.Kind} - {'none'},
+       ('pipeline.data.cache',)),
+      ('a checkpoint format', {f.value for f in checkpoint_format.Format},
+       ('pipeline.storage.checkpoint_format',)),
+      ('a backend', set(backends.BACKENDS) - {'auto'},
+       ('pipeline.backends', NAMES_ITS_BACKEND[0])),
+  ]
+
+
+# The engines' names as cluster.py gives them (Cluster.engine).
+ENGINE_NAMES = {'Slurm', 'Open MPI', 'Open MPI 4', 'Open MPI 5', 'GKE TPU',
+                'XPK'}
+
+
+def _spelt_choices(text, words):
+  """(line, word) of each place `text` uses one of `words` as a choice."""
+  found = []
+
+  def strings(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+      return [node]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+      return [e for e in node.elts if isinstance(e, ast.Constant)
+              and isinstance(e.value, str)]
+    return []
+
+  for node in ast.walk(ast.parse(text)):
+    if isinstance(node, ast.Compare):
+      used = [s for side in (node.left, *node.comparators)
+              for s in strings(side)]
+    elif isinstance(node, ast.Dict):
+      used = [k for k in node.keys if k is not None
+              and isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    elif isinstance(node, ast.Set):
+      used = strings(node)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr in ('startswith', 'endswith')):
+      used = [s for arg in node.args for s in strings(arg)]
+    else:
+      continue
+    found += [(s.lineno, s.value) for s in used if s.value in words]
+  return found
+
+
+def test_no_module_spells_another_modules_choice():
+  found = [f'{module}:{line}: {word!r} ({what})'
+           for what, words, owners in _vocabularies()
+           for module, path in sorted(MODULES.items())
+           if not module.startswith(owners)
+           for line, word in _spelt_choices(
+               open(path, encoding='utf-8').read(), words)]
+  assert not found
+
+
+@pytest.mark.parametrize('line, word', [
+    ("fix = advice if cluster.engine.startswith('Open MPI') else ''", 'Open MPI'),
+    ("if engine in ('Slurm', 'XPK'):\n  pass", 'Slurm'),
+    ("names = {'tf.data': 1, 'dali': 2}", 'tf.data'),
+    ("kinds = {'decoded', 'encoded'}", 'decoded'),
+    ("formats = {'jax': 'keras .weights.h5'}", 'jax'),
+    ("if plan.backend.name == 'jax':\n  pass", 'jax'),
+    ("if pipeline != 'dali':\n  pass", 'dali'),
+])
+def test_the_choice_check_finds_each_kind_of_use(line, word):
+  words = {word for _, found, _ in _vocabularies() for word in found}
+  assert [w for _, w in _spelt_choices(line, words)][:1] == [word]
+
+
 def _takes_config_and_plan(text):
   return [node.name for node in ast.walk(ast.parse(text))
           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))

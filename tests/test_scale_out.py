@@ -23,6 +23,7 @@ from configs import default
 from pipeline import backends
 from pipeline.backends.tensorflow import devices as tf_devices
 from pipeline.backends.tensorflow import workers as tf_workers
+from pipeline.data import cache
 from pipeline.data import sources
 from pipeline.rules.machine import hardware
 from pipeline.run import plan as plan_lib
@@ -249,8 +250,9 @@ def _config(**fields):
      'gs://b/run', ["train_dir='/photos'"]),
 ])
 def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
-  inputs = sources.of(config).inputs(config)
-  assert workdirs.remote_tpu_local_paths(config, workdir, inputs) == local
+  paths = {'workdir': workdir, **sources.of(config).inputs(config),
+           **cache.written_paths(config.cache)}
+  assert workdirs.remote_tpu_local_paths(paths) == local
 
 
 def test_remote_tpu_with_a_local_workdir_stops_before_any_file_op(tmp_path):

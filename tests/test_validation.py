@@ -102,7 +102,8 @@ def test_the_words_for_no_cache_turn_it_off(typed, tmp_path, monkeypatch):
   validation.validate(config, 2, recipe.tables(), DATA_TABLES)
   assert config.cache == ''
   from pipeline.data import cache  # pylint: disable=g-import-not-at-top
-  assert cache.choose(InputSpec.of(config), None) == ('none', "cache=''")
+  assert cache.choose(InputSpec.of(config), None) == (cache.Kind.NONE,
+                                                      "cache=''")
   assert os.listdir(tmp_path) == []
 
 

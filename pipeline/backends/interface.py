@@ -10,6 +10,8 @@ call only what is declared here, with plain Python values at the seam (an
 import contextlib
 from typing import Callable, Iterable, Optional, Protocol
 
+from pipeline.storage.checkpoint_format import Format
+
 
 
 class Trainer(Protocol):
@@ -54,11 +56,11 @@ class Trainer(Protocol):
     """SHA-256 of every weight: equal digests mean equal models."""
 
   def checkpoint_files(self, directory: str, max_to_keep: int,
-                       written_as: Optional[str] = None):
+                       written_as: Optional[Format] = ...):
     """The local layer of pipeline.storage.checkpoint.Checkpointer: save,
-    latest, paths, restore. `written_as`: the format of a run trained on
-    another backend (storage.checkpoint_files.TENSORFLOW or KERAS), read
-    only."""
+    latest, paths, restore. `written_as`: the backend's own Format unless
+    given; another (a run trained on the other backend), or None (a run
+    whose run.json names none: by its files), is read only."""
 
   def read_back(self) -> None:
     """Takes the model's weights (just loaded into it) as the run's state."""
@@ -75,7 +77,7 @@ class Backend(Protocol):
   """A Keras backend as the pipeline uses it."""
 
   name: str  # 'tensorflow' or 'jax': --backend's value, run.json's record.
-  checkpoint_format: str  # storage.checkpoint_files.TENSORFLOW or KERAS.
+  checkpoint_format: Format  # What its trainers write.
 
   def software(self) -> str:
     """The versions compiled programs and saved measurements hold for,
@@ -105,10 +107,10 @@ class Backend(Protocol):
     """Sets the policy and the seed and builds the Trainer."""
 
   def distribute(self, hardware, batches) -> Iterable:
-    """The batches data/ describes (a data.inputs.Input: a tf.data input
-    function of a tf.distribute.InputContext, or DALI's pipelines, decoded
-    on the GPUs where the run has them) as the trainer takes them (iter()
-    gives a fresh pass)."""
+    """The batches data/ describes (a data.inputs.TfDataInput: a tf.data
+    input function of a tf.distribute.InputContext; or a data.dali.Input:
+    DALI's pipelines, decoded on the GPUs where the run has them) as the
+    trainer takes them (iter() gives a fresh pass)."""
 
   def repeated(self, hardware, images, labels,
                delay_s: float = 0.0) -> Iterable:

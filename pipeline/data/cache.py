@@ -1,11 +1,13 @@
 """What the input caches, and the cache itself.
 
-choose() picks, from the InputSpec's cache (config.cache) and the sizes:
-decoded images (where they fit in half the free RAM, or in a file cache),
-else the encoded records, else a one-line refusal. apply() puts the cache
-in a pipeline and clears the lock a killed run left on a file cache.
+choose() picks, from the InputSpec's cache (config.cache, the setting: a
+place) and the sizes, the Kind it holds: decoded images (where they fit in
+half the free RAM, or in a file cache), else the encoded records, else a
+one-line refusal. apply() puts the cache in a pipeline and clears the lock
+a killed run left on a file cache.
 """
 
+import enum
 import os
 
 from absl import logging
@@ -14,6 +16,15 @@ import tensorflow as tf
 from pipeline.storage import gcs
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
+
+
+MEMORY = 'memory'  # The setting that holds the cache in RAM; '' none.
+
+
+def written_paths(setting):
+  """{'cache': prefix} where the setting names a file cache, which the
+  input's workers write; {} for the cache in RAM or none."""
+  return {} if setting in (MEMORY, '') else {'cache': setting}
 
 
 def available_memory_bytes():
@@ -28,9 +39,18 @@ def available_memory_bytes():
   return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
 
 
+class Kind(enum.Enum):
+  """What the cache holds, and so where in the pipeline it sits."""
+  NONE = 'none'
+  DECODED = 'decoded'  # Images, augmented after the cache each epoch.
+  ENCODED = 'encoded'  # The records, decoded and cropped each epoch.
+
+  def __str__(self):
+    return self.value
+
+
 def choose(spec, source, available_bytes=None):
-  """What `spec.cache` caches (`spec`: an InputSpec): (kind, why), kind
-  none, decoded or encoded.
+  """What `spec.cache` caches (`spec`: an InputSpec): (Kind, why).
 
   'memory' holds the decoded images where they fit in half the free RAM,
   else the encoded records (decoded and cropped again each epoch: about the
@@ -39,17 +59,17 @@ def choose(spec, source, available_bytes=None):
   """
   setting = spec.cache
   if not setting:
-    return 'none', "cache=''"
+    return Kind.NONE, "cache=''"
   if gcs.is_gcs(setting):  # A TPU Node's, which its workers write.
-    return 'decoded', f'cache={setting!r}, on the TPU workers'
-  if setting != 'memory':
+    return Kind.DECODED, f'cache={setting!r}, on the TPU workers'
+  if setting != MEMORY:
     try:
       workdirs.check_writable(os.path.dirname(os.path.abspath(setting)),
                              what=f'cache={setting!r}: folder')
     except UserError as e:
       raise UserError(f"{e}; use a writable path prefix, 'memory' or '' "
                       '(no cache)') from None
-    return 'decoded', f'file cache {setting}-*'
+    return Kind.DECODED, f'file cache {setting}-*'
   size, examples = spec.cache_size, (source.num_train_examples +
                                      source.num_eval_examples)
   # A decoded cache keeps each training image's aspect (about 4:3) for
@@ -60,10 +80,10 @@ def choose(spec, source, available_bytes=None):
   available = available_bytes or available_memory_bytes()
   gib = lambda n: f'{n / 2**30:.1f} GiB'
   if decoded <= available // 2:
-    return 'decoded', (f'decoded images, {gib(decoded)}, fit in half the '
+    return Kind.DECODED, (f'decoded images, {gib(decoded)}, fit in half the '
                        f'{gib(available)} free')
   if source.encoded_bytes and source.encoded_bytes <= available // 2:
-    return 'encoded', (
+    return Kind.ENCODED, (
         f'decoded images would take {gib(decoded)}, more than half the '
         f'{gib(available)} free; the encoded records, '
         f'{gib(source.encoded_bytes)}, fit: decoded and cropped each epoch')
@@ -78,7 +98,7 @@ def choose(spec, source, available_bytes=None):
 
 def apply(dataset, spec, split, input_context):
   """`dataset` cached as the InputSpec `spec` says."""
-  if spec.cache == 'memory':
+  if spec.cache == MEMORY:
     return dataset.cache()
   if spec.cache:
     # One file cache per split and input pipeline; each holds its own shard.

@@ -29,10 +29,9 @@ from pipeline.data import augmentations
 from pipeline.data import dali_index
 from pipeline.data import sources
 from pipeline.errors import UserError
-from pipeline.storage import user_cache
 
-DALI = 'dali'
-TF_DATA = 'tf.data'
+
+
 INSTALL = ('pip install -r requirements-gpu.txt (it pins DALI for CUDA 12, '
            'nvidia-dali-cuda120)')
 # augment.py's RandAugment: Keras' 2 ops at factor 0.5, DALI's magnitude
@@ -51,72 +50,7 @@ def installed():
     return False
 
 
-def choose(config, source, device_kind, saved_rates=None):
-  """(input pipeline, reason) for --config.input_pipeline=auto|tf.data|dali.
-
-  auto takes DALI on GPUs where it is installed and was measured faster on
-  this GPU model (`saved_rates`: launch.benchmark --input_only
-  --save_policy's images/s per pipeline), tf.data otherwise. An explicit
-  dali is checked here against the loaded `source`: one line for what it
-  cannot run.
-  """
-  requested = config.input_pipeline
-  if requested not in ('auto', TF_DATA, DALI):
-    raise UserError(f'--config.input_pipeline={requested!r}: expected auto, '
-                    f'{TF_DATA} or {DALI}')
-  if requested == TF_DATA:
-    return TF_DATA, 'as configured'
-  if requested == DALI:
-    _check(config, source)
-    return DALI, ('as configured; decoding on the GPU' if device_kind == 'GPU'
-                  else 'as configured; decoding on the CPU (no GPU)')
-  if device_kind != 'GPU':
-    return TF_DATA, 'auto: DALI pays on GPUs only (its CPU decoding is slower)'
-  if not installed():
-    return TF_DATA, 'auto: DALI is not installed'
-  if not saved_rates:
-    return TF_DATA, ('auto: DALI not measured on this GPU; launch.benchmark '
-                     '--input_only --save_policy measures both')
-  rates = ', '.join(f'{name} {rate:,.0f}' for name, rate in
-                    sorted(saved_rates.items()))
-  faster = max(saved_rates, key=saved_rates.get)
-  refusal = _refusal(config, source)
-  if faster == DALI and not refusal:
-    return DALI, f'auto: measured faster on this GPU ({rates} img/s)'
-  return TF_DATA, (f'auto: measured on this GPU ({rates} img/s)'
-                   + (f'; DALI cannot run this config: {refusal}'
-                      if faster == DALI else ''))
-
-
-def _saved_path(gpu_name):
-  # Input speed is the GPU's decoder and this host's cores together.
-  return user_cache.folder('input', user_cache.slug(gpu_name),
-                           f'{dali_index.cpu_threads()}-cores.json')
-
-
-def save_rates(gpu_name, rates):
-  """Keeps launch.benchmark --input_only's images/s per pipeline for this
-  GPU model and core count; returns the file."""
-  path = _saved_path(gpu_name)
-  user_cache.write_json(path, {'gpu': gpu_name, 'images_per_sec': rates})
-  return path
-
-
-def saved_rates(gpu_name):
-  """{pipeline: images/s} saved for this GPU model and core count, or
-  None. An unreadable file is passed over with one warning line."""
-  path = _saved_path(gpu_name)
-  try:
-    record = user_cache.read_json(path)
-    return record and {str(name): float(rate) for name, rate in
-                       record['images_per_sec'].items()}
-  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-    logging.warning('saved input measurement %s is unreadable (%s); using '
-                    'tf.data', path, e)
-    return None
-
-
-def _refusal(config, source):
+def refusal(config, source):
   """Why DALI cannot run `config` on its loaded `source`, or ''."""
   if not source.record_files:
     return ('DALI reads TFRecord files: --config.dataset=tfrecord (write '
@@ -138,13 +72,14 @@ def _refusal(config, source):
   return ''
 
 
-def _check(config, source):
+def check(config, source):
+  """One line where DALI cannot run `config` on its loaded `source`."""
   if not installed():
     raise UserError(f'--config.input_pipeline=dali: DALI is not installed; '
                     f'{INSTALL}')
-  refusal = _refusal(config, source)
-  if refusal:
-    raise UserError(f'--config.input_pipeline=dali: {refusal}')
+  why = refusal(config, source)
+  if why:
+    raise UserError(f'--config.input_pipeline=dali: {why}')
 
 
 # The reader's name, by which an iterator learns each shard's size.

@@ -1,6 +1,6 @@
 """The input of a run: tf.data built per worker from a source's records
 (sources/), or DALI's pipelines (dali.py); train_input and eval_input give
-either as an Input, which the run's backend distributes (the loop hands it
+either (a TfDataInput, a dali.Input), which the run's backend distributes (the loop hands it
 over: data/ calls no backend).
 
 One pipeline serves every source. Each record is decoded to just the window
@@ -15,13 +15,14 @@ tf.distribute.InputContext, and batches are per replica.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable
 
 import tensorflow as tf
 
 from pipeline.data import augment
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import data_service
 from pipeline.data import decode
 
@@ -34,38 +35,33 @@ _not_converted = tf.autograph.experimental.do_not_convert
 
 
 @dataclasses.dataclass(frozen=True)
-class Input:
-  """A run's batches as data/ makes them, for its backend to distribute
-  (Backend.distribute): a tf.data input function of a
-  tf.distribute.InputContext, or DALI's pipelines (a dali.Input)."""
-  input_fn: Optional[Callable] = None
-  dali_pipelines: Optional[dali.Input] = None
+class TfDataInput:
+  """A run's batches from tf.data, for its backend to distribute
+  (Backend.distribute): an input function of a tf.distribute.InputContext.
+  DALI's are the other kind of input, a dali.Input."""
+  input_fn: Callable
 
 
 def train_input(plan, service_job='train'):
-  """The plan's training batches, as its backend takes them to distribute."""
-  if plan.input_pipeline == dali.DALI:
-    return Input(dali_pipelines=dali.train_input(
-        plan.input, plan.source, plan.global_batch_size,
-        plan.staging_dir, plan.steps_per_execution,
-        plan.hardware.num_replicas))
-  return Input(train_input_fn(plan.input, plan.source, plan.global_batch_size,
-                              plan.cache, service_job))
+  """The plan's training batches, as its backend takes them to distribute:
+  a TfDataInput or a dali.Input."""
+  if plan.input_pipeline is input_pipeline_lib.Pipeline.DALI:
+    return dali.train_input(plan.input, plan.source, plan.global_batch_size,
+                            plan.staging_dir, plan.steps_per_execution,
+                            plan.hardware.num_replicas)
+  return TfDataInput(train_input_fn(plan.input, plan.source,
+                                    plan.global_batch_size, plan.cache_kind,
+                                    service_job))
 
 
 def eval_input(plan):
   """The plan's evaluation batches (eval_steps of them), as its backend
   takes them to distribute."""
-  if plan.input_pipeline == dali.DALI:
-    return Input(dali_pipelines=dali.eval_input(
-        plan.input, plan.source, plan.global_batch_size,
-        plan.staging_dir))
-  return Input(eval_input_fn(plan.input, plan.source, plan.global_batch_size,
-                             plan.cache))
-
-
-def _default_cache(spec):
-  return 'decoded' if spec.cache else 'none'
+  if plan.input_pipeline is input_pipeline_lib.Pipeline.DALI:
+    return dali.eval_input(plan.input, plan.source, plan.global_batch_size,
+                           plan.staging_dir)
+  return TfDataInput(eval_input_fn(plan.input, plan.source,
+                                   plan.global_batch_size, plan.cache_kind))
 
 
 def train_input_fn(spec, source, global_batch_size, cache=None,
@@ -74,23 +70,23 @@ def train_input_fn(spec, source, global_batch_size, cache=None,
   batches of (uint8 images, int32 labels, int32 records skipped before each);
   with mixup or CutMix, float32 soft labels [batch, classes] instead.
 
-  `spec`: an InputSpec. `cache`: cache.choose's kind (default: 'decoded'
-  if spec.cache). A decoded cache holds whole images and augments after
+  `spec`: an InputSpec. `cache`: the cache.Kind (default: as cache.choose
+  picks for `spec`). A decoded cache holds whole images and augments after
   it; otherwise the shuffled records are decoded with their random crop
   each epoch. With spec.data_service, the service's workers run it all as
   `service_job`.
   """
-  cache = cache or _default_cache(spec)
+  cache = cache or cache_lib.choose(spec, source)[0]
 
   @_not_converted
   def input_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     records = source.read('train', input_context, True, spec.shuffle_seed)
-    if cache == 'decoded':
+    if cache is cache_lib.Kind.DECODED:
       dataset = _cached_then_augmented(records, spec, source, input_context)
     else:
       dataset = _augmented_as_decoded(records, spec, source, input_context,
-                                      cache == 'encoded')
+                                      cache is cache_lib.Kind.ENCODED)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     if spec.mixes:
       mix = augment.mixer(spec.mixup_alpha, spec.cutmix_alpha,
@@ -168,7 +164,7 @@ def eval_input_fn(spec, source, global_batch_size, cache=None):
   full batches, so every example counts exactly once while every batch keeps
   the static shape TPUs need. A decoded cache holds the final images.
   """
-  cache = cache or _default_cache(spec)
+  cache = cache or cache_lib.choose(spec, source)[0]
   size, fraction = spec.eval_image_size, spec.central_fraction
   steps = eval_steps(source, global_batch_size)
 
@@ -177,7 +173,7 @@ def eval_input_fn(spec, source, global_batch_size, cache=None):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     per_pipeline = steps * global_batch_size // input_context.num_input_pipelines
     records = source.read('eval', input_context, False, None)
-    if cache == 'encoded':
+    if cache is cache_lib.Kind.ENCODED:
       records = cache_lib.apply(records, spec, 'eval', input_context)
     dataset = decode.decoded_records(
         records, source.parse,
@@ -187,7 +183,7 @@ def eval_input_fn(spec, source, global_batch_size, cache=None):
     padding = tf.data.Dataset.from_tensors(
         (tf.zeros((size, size, 3), tf.uint8), 0, 0.0)).repeat()
     dataset = dataset.concatenate(padding).take(per_pipeline)
-    if cache == 'decoded':
+    if cache is cache_lib.Kind.DECODED:
       dataset = cache_lib.apply(dataset, spec, 'eval', input_context)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
 

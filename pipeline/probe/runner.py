@@ -313,7 +313,7 @@ def machine(device):
   stats = device.memory_stats() or {}
   return {'platform': device.platform, 'device_kind': device.device_kind,
           'devices': jax.device_count(), 'hosts': jax.process_count(),
-          'jax': jax.__version__, 'keras': keras.__version__,
+          'jax_version': jax.__version__, 'keras_version': keras.__version__,
           'memory_limit_bytes': stats.get('bytes_limit'),
           'compute_capability': getattr(device, 'compute_capability', None)}
 

@@ -26,6 +26,7 @@ the checkpoint formats (storage/checkpoint_files.py) read.
 """
 
 import dataclasses
+import enum
 import os
 import re
 import tempfile
@@ -46,6 +47,22 @@ from pipeline.storage.checkpoint import Checkpointer
 WEIGHTS_FILE = re.compile(r'\.(h5|hdf5|keras)$')
 
 
+class Start(enum.Enum):
+  """What init_from names."""
+  RANDOM = 'random initial weights'  # init_from=''.
+  PUBLISHED = 'imagenet'  # keras.applications' ImageNet weights.
+  WEIGHTS_FILE = 'a weights file'  # .h5, .hdf5 or .keras, local or gs://.
+  RUN = 'a run'  # Another run's workdir.
+
+  @classmethod
+  def of(cls, init_from):
+    if not init_from:
+      return cls.RANDOM
+    if init_from == cls.PUBLISHED.value:
+      return cls.PUBLISHED
+    return cls.WEIGHTS_FILE if WEIGHTS_FILE.search(init_from) else cls.RUN
+
+
 @dataclasses.dataclass(frozen=True)
 class FineTuning:
   """What fine-tuning takes of a run's config, read once: the network
@@ -53,32 +70,32 @@ class FineTuning:
   model: str
   image_size: int
   init_from: str  # '' (random), 'imagenet', a weights file, a workdir.
+  start: Start  # What init_from names, classified once.
   init_head: bool  # A run's head too, where it trained these classes.
   freeze_backbone_epochs: float
 
   @classmethod
   def of(cls, config):
     return cls(config.model, config.image_size, config.init_from,
-               config.init_head, config.freeze_backbone_epochs)
+               Start.of(config.init_from), config.init_head,
+               config.freeze_backbone_epochs)
 
 
 def load_init_from(tuning, model, class_names, staging_dir):
   """Loads `tuning.init_from` into `model` (these data's `class_names`):
   its backbone, and a run's head where carries_head says so.
   Returns what it did."""
-  init_from = tuning.init_from
-  family = models.MODELS[tuning.model]
-  if init_from == 'imagenet':
-    source = _published(tuning)
-  elif WEIGHTS_FILE.search(init_from):
-    source = _from_file(tuning, init_from)
-  else:
+  init_from, start = tuning.init_from, tuning.start
+  if start is Start.RUN:
     return _from_run(tuning, init_from, model, class_names, staging_dir)
+  source = (_published(tuning) if start is Start.PUBLISHED else
+            _from_file(tuning, init_from))
   # Keras' ImageNet weights, downloaded or fetched by hand under their name.
-  published = (init_from == 'imagenet' or
+  published = (start is Start.PUBLISHED or
                os.path.basename(init_from) == _published_name(tuning.model))
-  family.load(tuning.model, models.backbone(model), source, published)
-  return describe(init_from)
+  models.MODELS[tuning.model].load(tuning.model, models.backbone(model),
+                                   source, published)
+  return describe(tuning)
 
 
 def headless(tuning, weights):
@@ -187,17 +204,15 @@ def check_source(tuning, class_names, staging_dir):
   before anything is built, so --dry_run says so too). Returns how the plan
   names the first weights."""
   init_from = tuning.init_from
-  if not init_from or init_from == 'imagenet':
-    return describe(init_from)
-  if WEIGHTS_FILE.search(init_from):
-    if not tf.io.gfile.exists(init_from):
-      raise UserError(f'init_from={init_from!r}: no such weights file; '
-                      "accepted: imagenet, a .h5 weights file of the model's "
-                      'headless network, or the workdir of another run')
-    return describe(init_from)
+  if tuning.start is Start.WEIGHTS_FILE and not tf.io.gfile.exists(init_from):
+    raise UserError(f'init_from={init_from!r}: no such weights file; '
+                    "accepted: imagenet, a .h5 weights file of the model's "
+                    'headless network, or the workdir of another run')
+  if tuning.start is not Start.RUN:
+    return describe(tuning)
   _, saved = source_run(tuning, init_from, staging_dir)
   carried = carries_head(tuning, saved, class_names)
-  return describe(init_from, class_names if carried else ())
+  return describe(tuning, class_names if carried else ())
 
 
 def carries_head(tuning, saved, class_names):
@@ -238,16 +253,16 @@ def source_run(tuning, url, staging_dir):
   return workdir, saved
 
 
-def describe(init_from, carried_classes=()):
+def describe(tuning, carried_classes=()):
   """How the plan names where the first weights come from (a run's head
   too, given the classes it carries)."""
-  if not init_from:
-    return 'random initial weights'
-  if init_from == 'imagenet':
-    return "backbone from keras.applications' ImageNet weights"
-  if WEIGHTS_FILE.search(init_from):
-    return f'backbone from the weights file {init_from}'
-  return f'{parts(carried_classes)} from the run in {init_from}'
+  return {
+      Start.RANDOM: Start.RANDOM.value,
+      Start.PUBLISHED: "backbone from keras.applications' ImageNet weights",
+      Start.WEIGHTS_FILE: f'backbone from the weights file {tuning.init_from}',
+      Start.RUN: f'{parts(carried_classes)} from the run in '
+                 f'{tuning.init_from}',
+  }[tuning.start]
 
 
 def frozen_steps(tuning, steps_per_epoch):

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import inputs
 from pipeline.run import plan as plan_lib
 from pipeline.rules.machine import peaks
@@ -90,7 +91,7 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
   logging.info('Input alone: two passes of up to %d batches of %d', batches,
                batch)
   cold, warm = input_throughput(plan.input, source, batch, batches,
-                                plan.cache)
+                                plan.cache_kind)
   cores = available_cores()
   result = {
       'model': config.model, 'dataset': source.name,
@@ -100,7 +101,7 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
       'detail': plan.hardware.detail,
       'strategy': plan.hardware.strategy_name,
       'num_replicas': plan.hardware.num_replicas, 'xla': plan.xla,
-      'cache': plan.cache, 'augment': config.augment, 'cores': cores,
+      'cache': str(plan.cache_kind), 'augment': config.augment, 'cores': cores,
       'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
       'input_images_per_sec_per_core': warm / cores,
   }
@@ -116,7 +117,7 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
                                                 plan.staging_dir)
     ours, reference, dalis = zip(*[
         (input_throughput(plan.input, source, batch, batches,
-                          plan.cache)[1],
+                          plan.cache_kind)[1],
          _rate(iter(reference_input.dataset(
              files, config.image_size, batch)), batches, batch),
          dali.throughput(dali_input, batches, on_gpu) if with_dali else 0.0)
@@ -127,9 +128,11 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
         reference_input_images_per_sec=statistics.median(reference),
         input_vs_reference=statistics.median(
             o / r for o, r in zip(ours, reference)),
-        pipelines_images_per_sec={dali.TF_DATA: statistics.median(ours)})
+        pipelines_images_per_sec={str(input_pipeline_lib.Pipeline.TF_DATA):
+                                  statistics.median(ours)})
     if with_dali:
-      result['pipelines_images_per_sec'][dali.DALI] = statistics.median(dalis)
+      result['pipelines_images_per_sec'][str(input_pipeline_lib.Pipeline.DALI)] = (
+          statistics.median(dalis))
       result.update(dali_rounds_images_per_sec=list(dalis),
                     dali_decodes_on='GPU' if on_gpu else 'CPU',
                     dali_vs_tf_data=statistics.median(

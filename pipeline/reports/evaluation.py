@@ -18,11 +18,11 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from pipeline import backends
 from pipeline.data import inputs
 from pipeline.data import sources
 from pipeline.reports import export
 from pipeline.rules.machine import stopping
+from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline.rules.config import validation
 from pipeline.storage.checkpoint import Checkpointer
@@ -37,7 +37,8 @@ def run_config(url, staging_dir, overrides):
   """The config a run trained with (its run.json), with `overrides` on top.
 
   Returns (config, the run's resolved policy, the format of its
-  checkpoints: the checkpoint_format of the backend it trained on).
+  checkpoints, storage.checkpoint_format's: None for a run.json from
+  before it named one).
   `overrides` are --config.KEY=VALUE values, whose keys the flag parser
   already checked.
   """
@@ -54,7 +55,7 @@ def run_config(url, staging_dir, overrides):
                                source=f'{url}/run.json')
   resolved = saved['resolved']
   return (config, resolved['policy'],
-          backends.trained_on(resolved).checkpoint_format)
+          checkpoint_format.of_run(resolved))
 
 
 class Evaluator:
@@ -66,8 +67,8 @@ class Evaluator:
   """
 
   def __init__(self, plan, written_as=None):
-    """`written_as`: the run's checkpoint format (Backend.checkpoint_format
-    of the backend it trained on); this backend's own if None."""
+    """`written_as`: the run's checkpoint Format (run_config's); None:
+    the one its files are in."""
     self.plan = plan
     self.trainer = plan.backend.build_trainer(plan)
     trainer = self.trainer
@@ -76,7 +77,7 @@ class Evaluator:
         if_missing={'ema': lambda path: trainer.ema.reset()},
         files=functools.partial(
             trainer.checkpoint_files,
-            written_as=written_as or plan.backend.checkpoint_format))
+            written_as=written_as))
     batch = plan.global_batch_size
     self.dataset = plan.backend.distribute(plan.hardware,
                                            inputs.eval_input(plan))

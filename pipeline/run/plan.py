@@ -17,9 +17,10 @@ from absl import logging
 import ml_collections
 
 from pipeline import backends
+from pipeline.backends import interface
 from pipeline.data import augmentations
 from pipeline.data import cache as cache_lib
-from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import input_spec
 from pipeline.data import sources
 from pipeline.errors import UserError
@@ -33,6 +34,7 @@ from pipeline.rules.speed import saved_rate
 from pipeline.rules.speed import step_counts
 from pipeline.rules.config import validation
 from pipeline.run import run_workdir
+from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
@@ -56,31 +58,31 @@ class Plan:
   steps_per_epoch: int
   total_steps: int
   workdir: Optional[workdirs.Workdir]
-  cache: str = 'decoded'  # cache.choose's kind: none, decoded, encoded.
-  cache_reason: str = ''
-  frozen_steps: int = 0  # Fine-tuning: steps that train the head alone.
-  backend: object = None  # The backends.interface.Backend that runs it.
-  backend_reason: str = ''
-  compile_cache: Optional[compile_cache_lib.Settings] = None
-  input_pipeline: str = dali.TF_DATA  # Or dali.DALI (data/dali.py).
-  input_pipeline_reason: str = ''
-  staging_dir: str = ''  # Local files of the run: gs:// copies, DALI's index.
-  initial_weights: str = 'random initial weights'  # init_from's, described.
-  profile_window: Optional[tuple] = None  # profile_steps: (start, stop).
+  cache_kind: cache_lib.Kind  # What the input caches (data/cache.py).
+  cache_reason: str
+  frozen_steps: int  # Fine-tuning: steps that train the head alone.
+  backend: interface.Backend  # The backend that runs it.
+  backend_reason: str
+  compile_cache: Optional[compile_cache_lib.Settings]
+  input_pipeline: input_pipeline_lib.Pipeline
+  input_pipeline_reason: str
+  staging_dir: str  # Local files of the run: gs:// copies, DALI's index.
+  initial_weights: str  # init_from's, described.
+  profile_window: Optional[tuple]  # profile_steps: (start, stop).
   # (images/s, source) launch.probe saved for this card and step, which
   # the progress lines hold the step to (saved_rate.py); None: none saved.
-  saved_rate: Optional[tuple] = None
+  saved_rate: Optional[tuple]
   # The parts each consumer takes: what the step minimises (over the
   # data's classes), how the input pipelines prepare examples, where the
   # first weights come from.
-  objective: Optional[objective_lib.Objective] = None
-  input: Optional[input_spec.InputSpec] = None
-  fine_tuning: Optional[finetune.FineTuning] = None
+  objective: objective_lib.Objective
+  input: input_spec.InputSpec
+  fine_tuning: finetune.FineTuning
   # The changes from the workdir's run this one accepted (--accept_changes;
   # run_workdir.Change.to_json's), with the earlier runs' first: run.json's.
-  accepted_changes: tuple = ()
+  accepted_changes: tuple
   # What it trains and evaluates at, and why (models.image_sizes).
-  image_sizes: Optional[models.ImageSizes] = None
+  image_sizes: models.ImageSizes
 
   @property
   def policy(self):
@@ -123,6 +125,7 @@ class Plan:
     hw = self.hardware
     return {
         'backend': self.backend.name, 'backend_reason': self.backend_reason,
+        checkpoint_format.KEY: str(self.backend.checkpoint_format),
         'device_kind': hw.device_kind, 'devices': hw.detail,
         'strategy': hw.strategy_name, 'num_replicas': hw.num_replicas,
         'num_workers': hw.num_workers, 'joined_by': hw.cluster or None,
@@ -149,8 +152,8 @@ class Plan:
         'examples_per_epoch': self.examples_per_epoch,
         'total_steps': self.total_steps, 'frozen_steps': self.frozen_steps,
         'initial_weights': self.initial_weights,
-        'cache': self.cache, 'cache_reason': self.cache_reason,
-        'input_pipeline': self.input_pipeline,
+        'cache': str(self.cache_kind), 'cache_reason': self.cache_reason,
+        'input_pipeline': str(self.input_pipeline),
         'input_pipeline_reason': self.input_pipeline_reason,
         'workdir': self.workdir.url if self.workdir else None,
         'software': hardware_lib.software(),
@@ -197,7 +200,7 @@ class Plan:
           if sources.of(config).names_classes and self.source.class_names
           else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
-        f'cache {self.cache} ({self.cache_reason}); {self.input.describe()}',
+        f'cache {self.cache_kind} ({self.cache_reason}); {self.input.describe()}',
         self._recipe(),
     ]
 
@@ -254,20 +257,20 @@ def resolve(config, request, hardware=None):
   workdir, resumed = opened.workdir, opened.resumed
   source = sources.load_source(config)
   tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
-  initial_weights = finetune.describe(tuning.init_from)
+  initial_weights = finetune.describe(tuning)
   if workdir and hardware.is_chief:
     if resumed:
       classes.check_resumed(workdir, source.class_names)
     else:
       initial_weights = finetune.check_source(
           tuning, source.class_names, request.staging_dir)
-  input_pipeline, input_reason = dali.choose(
+  input_pipeline, input_reason = input_pipeline_lib.choose(
       config, source, hardware.device_kind,
-      dali.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
-  cache, cache_reason = (
+      input_pipeline_lib.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
+  cache_kind, cache_reason = (
       cache_lib.choose(spec, source)
-      if input_pipeline == dali.TF_DATA else
-      ('none', 'DALI decodes every epoch'))
+      if input_pipeline is input_pipeline_lib.Pipeline.TF_DATA else
+      (cache_lib.Kind.NONE, 'DALI decodes every epoch'))
   steps_per_epoch = step_counts.epoch_steps(config.examples_per_epoch,
                                 source.num_train_examples,
                                 config.global_batch_size)
@@ -279,7 +282,7 @@ def resolve(config, request, hardware=None):
       config.global_batch_size / 256,
       source=source, steps_per_epoch=steps_per_epoch,
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
-      cache=cache, cache_reason=cache_reason,
+      cache_kind=cache_kind, cache_reason=cache_reason,
       frozen_steps=finetune.frozen_steps(tuning, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
       compile_cache=_compile_cache(config), input_pipeline=input_pipeline,

@@ -22,6 +22,7 @@ import json
 from absl import logging
 
 from pipeline import backends
+from pipeline.data import cache as cache_lib
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.recipe import models
@@ -119,8 +120,9 @@ def open_workdir(config, request, hardware, backend, policy):
   if request.trains and request.default_workdir:
     url = _default_workdir_of(url, config, policy, request)
   if hardware.tpu_workers_remote:
-    workdirs.check_remote_tpu_paths(config, url,
-                                    sources.of(config).inputs(config))
+    workdirs.check_remote_tpu_paths(
+        {'workdir': url, **sources.of(config).inputs(config),
+         **cache_lib.written_paths(config.cache)})
   workdir = _workdir(url, request)
   if not hardware.is_chief:
     return Opened(workdir)

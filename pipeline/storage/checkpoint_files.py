@@ -37,23 +37,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from pipeline.errors import UserError
+from pipeline.storage.checkpoint_format import Format
 
 SUFFIX = '.weights.h5'
-# The formats, as a backend names the one it writes (Backend.checkpoint_format).
-TENSORFLOW = 'tensorflow'  # tf.train.Checkpoint's, with its object graph.
-KERAS = 'keras'  # Keras' .weights.h5.
-
-
-def format_of_run(resolved):
-  """The format a run's checkpoints are in, from its run.json 'resolved'
-  object: its backend's (the JAX backend writes Keras' files; a run from
-  before there were two backends, TensorFlow's)."""
-  return _WRITTEN_BY.get(resolved.get('backend', ''), TENSORFLOW)
-
-
-# Each backend's format, by its name (Backend.checkpoint_format; a test
-# holds the two alike).
-_WRITTEN_BY = {'tensorflow': TENSORFLOW, 'jax': KERAS}
 
 
 class Variables(keras.layers.Layer):
@@ -262,14 +248,42 @@ class TensorFlowFileReader:
 
 
 def reader(written_as, parts, directory, read_only, after_restore=None):
-  """The reader of a run's checkpoints in format `written_as` (TENSORFLOW
-  or KERAS) into `parts`: the model, and the step and moving average as
-  Variables; never written (`read_only`: the line a save raises)."""
-  if written_as == KERAS:
-    return KerasFiles(parts, directory, 1, after_restore=after_restore,
-                      read_only=read_only)
-  # TensorFlow saves the step as a variable, the average as a list `values`.
-  roots = dict(parts, **({'step': parts['step'].values[0]}
-                         if 'step' in parts else {}))
-  return TensorFlowFileReader(roots, directory, read_only, after_restore)
+  """The reader of a run's checkpoints in Format `written_as` into `parts`:
+  the model, and the step and moving average as Variables; never written
+  (`read_only`: the line a save raises). `written_as` None (a run.json
+  from before it named its format): the format its files are in."""
+  readers = {
+      Format.KERAS_WEIGHTS: lambda: KerasFiles(
+          parts, directory, 1, after_restore=after_restore,
+          read_only=read_only),
+      # TensorFlow saves the step as a variable, the average as a list
+      # `values`.
+      Format.TF_CHECKPOINT: lambda: TensorFlowFileReader(
+          dict(parts, **({'step': parts['step'].values[0]}
+                         if 'step' in parts else {})),
+          directory, read_only, after_restore)}
+  if written_as is None:
+    return _ByItsFiles(readers[Format.KERAS_WEIGHTS](),
+                       readers[Format.TF_CHECKPOINT]())
+  return readers[written_as]()
 
+
+class _ByItsFiles:
+  """A reader of either format, by the files it is given: Keras' where a
+  checkpoint's .weights.h5 is there, TensorFlow's otherwise."""
+
+  def __init__(self, keras_files, tensorflow_files):
+    self.keras, self.tensorflow = keras_files, tensorflow_files
+
+  def save(self, step):
+    return self.tensorflow.save(step)  # Read-only: raises its line.
+
+  def latest(self):
+    return self.keras.latest() or self.tensorflow.latest()
+
+  def paths(self, directory):
+    return self.keras.paths(directory) or self.tensorflow.paths(directory)
+
+  def restore(self, path, optional=()):
+    files = self.keras if os.path.exists(path + SUFFIX) else self.tensorflow
+    return files.restore(path, optional)

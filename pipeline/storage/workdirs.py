@@ -30,28 +30,29 @@ def check_writable(directory, what='workdir'):
                     f'{first_line(e)}')
 
 
-def remote_tpu_local_paths(config, workdir, inputs):
+def remote_tpu_local_paths(paths):
   """The paths a TPU Node could not reach, as 'key=value' strings.
 
   A TPU Node's workers run the input pipeline and the file ops on their own
-  hosts, which see Cloud Storage but none of this machine's files. `inputs`:
-  {flag: path} the source reads (its DataSource.inputs).
+  hosts, which see Cloud Storage but none of this machine's files.
+  `paths`: {flag: path} they would be handed: 'workdir', and the config's
+  keys the source reads and the cache writes (data_dir '' is tfds' local
+  one).
   """
-  paths = {'workdir': workdir, **inputs}  # data_dir '' is tfds' local one.
-  if config.cache not in ('memory', ''):
-    paths['cache'] = config.cache  # A file cache prefix, written by workers.
   return [f'{key}={value!r}' for key, value in paths.items()
           if not gcs.is_gcs(value)]
 
 
-def check_remote_tpu_paths(config, workdir, inputs):
+def check_remote_tpu_paths(paths):
   """One-line UserError if a TPU Node would be handed a local path."""
-  local = remote_tpu_local_paths(config, workdir, inputs)
+  local = remote_tpu_local_paths(paths)
   if local:
+    flags = [f'--{key}' if key == 'workdir' else f'--config.{key}'
+             for key in paths]
     raise UserError(
         f'a TPU Node\'s workers run on other hosts and read only gs:// paths; '
         f'local here: {", ".join(local)}; use gs://BUCKET/PATH for each '
-        f'(--workdir, --config.{", --config.".join([*inputs, "cache"])})')
+        f'({", ".join(flags)})')
 
 
 def write_json(path, obj):

@@ -13,6 +13,7 @@ import os
 import time
 
 from pipeline import backends
+from pipeline.storage import checkpoint_format
 from pipeline.errors import UserError
 from pipeline.rules.speed import compile_cache as compile_cache_lib
 
@@ -29,7 +30,7 @@ SMALL_PROGRAMS = {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
 class JaxBackend:
   """The Backend interface on JAX (pipeline/backends/interface.py)."""
   name = 'jax'
-  checkpoint_format = 'keras'  # storage.checkpoint_files.KERAS
+  checkpoint_format = checkpoint_format.Format.KERAS_WEIGHTS
 
   def software(self):
     return f'jax-{backends.installed("jaxlib")}'
@@ -78,9 +79,10 @@ class JaxBackend:
     return trainer.build(plan)
 
   def distribute(self, hardware, batches):
-    if batches.dali_pipelines:
+    from pipeline.data import dali  # pylint: disable=g-import-not-at-top
+    if isinstance(batches, dali.Input):
       from pipeline.backends.jax import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
-      return dali_lib.DaliBatches(hardware.strategy, batches.dali_pipelines)
+      return dali_lib.DaliBatches(hardware.strategy, batches)
     from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top
     return devices.host_batches(batches.input_fn)
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from pipeline import backends
 from pipeline.backends.jax.mesh import DataParallel
 from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 from pipeline.rules.machine import cluster as cluster_lib
@@ -83,8 +84,7 @@ def leave_room_for_dali(input_pipeline, environ=os.environ):
   DALI, which may decode in this process, keeps DALI_GPU_BYTES of the
   smallest GPU: 95% of an 80 GiB card, 75% of a 16 GiB one, never under
   half. Not where tf.data feeds, nor where the user set the share."""
-  if (input_pipeline == 'tf.data' or MEMORY_FRACTION in environ or
-      (input_pipeline == 'auto' and not dali.installed())):
+  if MEMORY_FRACTION in environ or not input_pipeline_lib.may_decode_here(input_pipeline):
     return
   memory_mib = hardware_lib.gpu_memory_mib()
   if memory_mib:
@@ -119,13 +119,9 @@ def _join_hosts(found, gpus):
   failed = (f'could not join the other hosts through {engine} within '
             f'{timeout_s} s (JAX_INITIALIZATION_TIMEOUT_S): every host must '
             'start the same command')
-  if found and found.engine == 'Open MPI 5' and not backends.installed(
-      'mpi4py'):
-    raise UserError('Open MPI 5 starts no launcher JAX can read without '
-                    'mpi4py, which asks MPI itself: pip install -r '
-                    'requirements-jax.txt (or requirements-gpu.txt; both '
-                    'have mpi4py), or set JAX_COORDINATOR_ADDRESS, '
-                    'JAX_NUM_PROCESSES and JAX_PROCESS_ID')
+  cannot = found and found.jax_cannot_join(backends.installed)
+  if cannot:
+    raise UserError(cannot)
   if found and found.jax_detects:
     where = {'cluster_detection_method': found.jax_detects}
   elif found:

@@ -36,6 +36,7 @@ from pipeline.errors import UserError
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import step_counts
 from pipeline.storage import checkpoint_files
+from pipeline.storage.checkpoint_format import Format
 from pipeline.recipe import models
 from pipeline.recipe import moving_average
 from pipeline.recipe import optimizers
@@ -196,14 +197,14 @@ class Trainer:
     return digest.hexdigest()
 
   def checkpoint_files(self, directory, max_to_keep,
-                       written_as=checkpoint_files.KERAS):
+                       written_as=Format.KERAS_WEIGHTS):
     """The local layer of this run's checkpoints: Keras' files of the
     state, written back before each save and read back after each restore;
     or another format's (a run trained on TensorFlow), read into the model,
     the step and the moving average (evaluating needs no optimizer)."""
     read_back = lambda missing: self.read_back()
     ema = {'ema': self.ema.variables} if self.ema else {}
-    if written_as != checkpoint_files.KERAS:
+    if written_as is not Format.KERAS_WEIGHTS:
       return checkpoint_files.reader(
           written_as, dict(model=self.model, step=self.step_variables, **ema),
           directory, after_restore=read_back,

@@ -12,12 +12,13 @@ TensorFlow; this one does not, so the choice of backend stays light.
 import time
 
 from pipeline import backends
+from pipeline.storage import checkpoint_format
 
 
 class TensorFlowBackend:
   """The Backend interface on TensorFlow (pipeline/backends/interface.py)."""
   name = 'tensorflow'
-  checkpoint_format = 'tensorflow'  # storage.checkpoint_files.TENSORFLOW
+  checkpoint_format = checkpoint_format.Format.TF_CHECKPOINT
 
   def software(self):
     tf = next(filter(None, map(backends.installed, (
@@ -56,9 +57,10 @@ class TensorFlowBackend:
     return trainer.build(plan)
 
   def distribute(self, hardware, batches):
-    if batches.dali_pipelines:
+    from pipeline.data import dali  # pylint: disable=g-import-not-at-top
+    if isinstance(batches, dali.Input):
       from pipeline.backends.tensorflow import dali_input as dali_lib  # pylint: disable=g-import-not-at-top
-      return dali_lib.distribute(hardware, batches.dali_pipelines)
+      return dali_lib.distribute(hardware, batches)
     return hardware.strategy.distribute_datasets_from_function(
         batches.input_fn)
 

@@ -111,7 +111,7 @@ def _find(tpu, tpu_zone, gcp_project, num_cpu_devices, collective,
   cluster = None if os.environ.get('TF_CONFIG') else (
       cluster_lib.from_environment(os.environ))
   joins = cluster and cluster.num_processes > 1  # A lone task joins nobody.
-  if joins and cluster.engine != 'Slurm':
+  if joins and not cluster.lists_hosts:
     raise UserError(f'{cluster.engine} joins hosts on the JAX backend; '
                     'TensorFlow workers join through a Slurm job step or '
                     'TF_CONFIG: pass --backend=jax, or set TF_CONFIG instead')

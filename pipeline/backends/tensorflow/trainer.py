@@ -23,10 +23,12 @@ from pipeline.backends.tensorflow import graph_rewrite
 from pipeline.backends.tensorflow import steps
 from pipeline.backends.tensorflow.workers import peers_lost_in_one_line
 from pipeline.data import dali
+from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import decode
 from pipeline.errors import UserError
 from pipeline.rules.speed import precision
 from pipeline.storage import checkpoint_files
+from pipeline.storage.checkpoint_format import Format
 from pipeline.recipe import models
 from pipeline.recipe import optimizers
 
@@ -61,11 +63,11 @@ class Trainer:
     return found
 
   def checkpoint_files(self, directory, max_to_keep,
-                       written_as=checkpoint_files.TENSORFLOW):
+                       written_as=Format.TF_CHECKPOINT):
     """The local layer of this run's checkpoints: TensorFlow's own, or
     another format's (a run trained on JAX), read into the model, the step
     and the moving average (evaluating needs no optimizer)."""
-    if written_as == checkpoint_files.TENSORFLOW:
+    if written_as is Format.TF_CHECKPOINT:
       return checkpoint_files.TensorFlowFiles(self.trackables(), directory,
                                               max_to_keep, self.io_device)
     step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
@@ -216,7 +218,7 @@ def _build(plan):
                  frozen_train_fn=(train_function() if plan.frozen_steps
                                   else None),
                  input_files=(plan.source.all_record_files()
-                              if plan.input_pipeline == dali.DALI else ()),
+                              if plan.input_pipeline is input_pipeline_lib.Pipeline.DALI else ()),
                  cost=lambda: step_cost(plan),
                  io_device=plan.io_device)
 
@@ -225,7 +227,7 @@ def _input_checks(plan):
   """The keyword arguments of the train and eval functions for what the
   input cannot do itself: DALI's datasets end at the DALIDataset, so its
   labels are checked and evaluation's weights made in the steps."""
-  if plan.input_pipeline != dali.DALI:
+  if plan.input_pipeline is not input_pipeline_lib.Pipeline.DALI:
     return {}, {}
   num_classes = plan.source.num_classes
   files = plan.source.record_files

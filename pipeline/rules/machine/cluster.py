@@ -22,11 +22,10 @@ Importable without TensorFlow or JAX: pure functions of the environment.
 """
 
 import dataclasses
-import re
 from typing import ClassVar, Optional
 
 from pipeline.errors import UserError
-from pipeline.errors import first_line
+from pipeline.rules.machine import slurm_variables
 
 # JAX's coordinator port on a TPU slice (jax/_src/clusters/cloud_tpu_cluster.py):
 # where only the coordinator's host is named, its port.
@@ -72,6 +71,23 @@ class Cluster:
   def joined_by(self):
     """The engine as a run reports it: 'Slurm (job 7)'."""
     return self.engine + (f' (job {self.job})' if self.job else '')
+
+  def cores_fix(self, processes, share):
+    """How to start each of `processes` a host with `share` cores: the
+    fix where a process is held to fewer (placement.starved_cpus)."""
+    del processes, share
+    return 'start it with the CPU affinity of its share (taskset, numactl)'
+
+  def jax_cannot_join(self, installed):
+    """One line where JAX cannot read this engine's variables with the
+    modules `installed(name)` finds; None where it can."""
+    del installed
+    return None
+
+  def missing_peers_cause(self):
+    """Why fewer processes joined than the engine started, as JAX joins
+    under it (joined_problem)."""
+    return ': every host must start the same command with the same variables'
 
   def all_hosts(self):
     """Every process's host, by rank, where the engine lists them."""
@@ -189,7 +205,8 @@ def _slurm(environ):
            'SLURM_PROCID', 'SLURM_LOCALID')
   if not all(environ.get(name) for name in names):
     return None  # Not a job step: `sbatch`'s own shell has no node list.
-  per_node = expand_counts(environ.get('SLURM_STEP_TASKS_PER_NODE', ''))
+  per_node = slurm_variables.expand_counts(
+      environ.get('SLURM_STEP_TASKS_PER_NODE', ''))
   node_id = _integer(environ, 'SLURM_NODEID') or 0
   return SlurmCluster(
       'Slurm', _integer(environ, 'SLURM_NTASKS'),
@@ -197,41 +214,11 @@ def _slurm(environ):
       local_rank=_integer(environ, 'SLURM_LOCALID'),
       local_size=per_node[node_id] if node_id < len(per_node) else 1,
       job=environ['SLURM_JOB_ID'], jax_detects='slurm',
-      **_slurm_gpus(environ),
+      **slurm_variables.gpus(environ),
       local_size_from='SLURM_STEP_TASKS_PER_NODE',
       host=environ.get('SLURMD_NODENAME', ''),
       node_list=environ['SLURM_STEP_NODELIST'], tasks_per_node=tuple(per_node),
-      layout=_slurm_layout(environ))
-
-
-def _slurm_gpus(environ):
-  """What Slurm gave a step's task: --gpus-per-task (Slurm 22.05 says so in
-  SLURMD_TRES_BIND, gpu:per_task:2; later ones in SLURM_GPUS_PER_TASK,
-  which may name a type, a100:2), the GPUs its node has for the step
-  (SLURM_GPUS_ON_NODE), and how they are bound (gpu:none,
-  gpu:closest)."""
-  bind = environ.get('SLURMD_TRES_BIND', '')
-  bind = bind.split('gpu:', 1)[1].split(',')[0] if 'gpu:' in bind else ''
-  per_task = environ.get('SLURM_GPUS_PER_TASK', '').rsplit(':', 1)[-1] or (
-      bind.split(':')[-1] if bind.startswith('per_task:') else '')
-  try:
-    return {'gpus_per_task': int(per_task) if per_task else None,
-            'gpus_on_node': _integer(environ, 'SLURM_GPUS_ON_NODE'),
-            'gpu_bind': f'gpu:{bind}' if bind else ''}
-  except ValueError:
-    raise UserError(f'Slurm says {per_task!r} GPUs per task '
-                    '(SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND): not a count') \
-        from None
-
-
-def _slurm_layout(environ):
-  """How the step placed its tasks on its nodes: 'block' (Slurm's default)
-  or 'cyclic'; anything else (plane, arbitrary, a host file) as named."""
-  if environ.get('SLURM_HOSTFILE'):
-    return 'a host file (SLURM_HOSTFILE)'
-  method = environ.get('SLURM_DISTRIBUTION', 'block').split(':')[0]
-  return method if method in ('block', 'cyclic') else (
-      f'SLURM_DISTRIBUTION={environ["SLURM_DISTRIBUTION"]}')
+      layout=slurm_variables.layout(environ))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,8 +230,12 @@ class SlurmCluster(Cluster):
   layout: str = 'block'
   lists_hosts: ClassVar[bool] = True
 
+  def cores_fix(self, processes, share):
+    del processes
+    return f'give each task its cores (srun --cpus-per-task={share})'
+
   def all_hosts(self):
-    nodes = hostnames(self.node_list)
+    nodes = slurm_variables.hostnames(self.node_list)
     counts = list(self.tasks_per_node)
     if len(counts) != len(nodes) or sum(counts) != self.num_processes:
       raise UserError(f'Slurm lists {len(nodes)} nodes and tasks '
@@ -265,22 +256,6 @@ class SlurmCluster(Cluster):
     return tuple(placed)
 
 
-def hostnames(node_list):
-  """Slurm's compressed node list as names ('gpu[01-02],gpu-b7' -> gpu01,
-  gpu02, gpu-b7), as Slurm's `scontrol show hostnames` expands it, by
-  python-hostlist: a task in a container (Pyxis, Apptainer) has no
-  scontrol."""
-  # Here, not at the top: the backend's choice reads this module where
-  # python-hostlist is not installed (launch.probe's environment).
-  import hostlist  # pylint: disable=g-import-not-at-top
-  try:
-    return hostlist.expand_hostlist(node_list)
-  except hostlist.BadHostlist as e:
-    raise UserError(f'Slurm\'s node list {node_list!r} does not expand '
-                    f'({first_line(e)}); expected names and ranges such as '
-                    'gpu[01-04,07],cpu-a1') from None
-
-
 def _open_mpi(environ):
   """`mpirun`'s processes: Open MPI 4 (its launcher's ORTE URI, which JAX's
   'ompi' detection reads) or 5 (PRRTE: the COMM_WORLD variables without
@@ -291,13 +266,39 @@ def _open_mpi(environ):
                         for name in ('SIZE', 'RANK', 'LOCAL_RANK')) else None)
   if not version:
     return None
-  return Cluster(
+  return OpenMpiCluster(
       f'Open MPI {version}', _integer(environ, 'OMPI_COMM_WORLD_SIZE') or 1,
       _integer(environ, 'OMPI_COMM_WORLD_RANK') or 0,
       local_rank=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_RANK') or 0,
       local_size=_integer(environ, 'OMPI_COMM_WORLD_LOCAL_SIZE') or 1,
       jax_detects='ompi' if version == '4' else 'mpi4py',
       local_size_from='OMPI_COMM_WORLD_LOCAL_SIZE')
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenMpiCluster(Cluster):
+  """`mpirun`'s processes: it binds each to cores by default, and under
+  Open MPI 5 JAX asks MPI itself, through mpi4py."""
+
+  def cores_fix(self, processes, share):
+    return ('start mpirun with --bind-to none, or give each process its '
+            f'cores (--map-by ppr:{processes}:node:PE={share})')
+
+  def jax_cannot_join(self, installed):
+    if self.jax_detects != 'mpi4py' or installed('mpi4py'):
+      return None
+    return ('Open MPI 5 starts no launcher JAX can read without mpi4py, '
+            'which asks MPI itself: pip install -r requirements-jax.txt (or '
+            'requirements-gpu.txt; both have mpi4py), or set '
+            'JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID')
+
+  def missing_peers_cause(self):
+    if self.jax_detects != 'mpi4py':
+      return super().missing_peers_cause()
+    return (': mpi4py asked an MPI library other than the mpirun that '
+            'started them, and each process started alone; run the mpirun '
+            'of the MPI mpi4py was built with (python -m mpi4py --mpi-lib-'
+            'version names it)')
 
 
 def joined_problem(found, joined):
@@ -307,19 +308,5 @@ def joined_problem(found, joined):
   every rank then starts alone, as process 0 of 1."""
   if not found or found.num_processes == joined:
     return None
-  cause = (': mpi4py asked an MPI library other than the mpirun that '
-           'started them, and each process started alone; run the mpirun '
-           'of the MPI mpi4py was built with (python -m mpi4py --mpi-lib-'
-           'version names it)' if found.jax_detects == 'mpi4py' else
-           ': every host must start the same command with the same '
-           'variables')
   return (f'{found.engine} started {found.num_processes} processes, but '
-          f'{joined} joined the run{cause}')
-
-
-def expand_counts(text):
-  """Slurm's tasks per node as a list: '2(x3),1' -> [2, 2, 2, 1]."""
-  counts = []
-  for count, repeat in re.findall(r'(\d+)(?:\(x(\d+)\))?', text):
-    counts.extend([int(count)] * int(repeat or 1))
-  return counts
+          f'{joined} joined the run{found.missing_peers_cause()}')

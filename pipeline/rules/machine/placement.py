@@ -7,6 +7,7 @@ launchers apply the GPUs before TensorFlow or JAX load (bind)."""
 import dataclasses
 
 from pipeline.errors import UserError
+from pipeline.rules.machine import cluster as cluster_lib
 
 VISIBLE = 'CUDA_VISIBLE_DEVICES'
 
@@ -150,13 +151,8 @@ def starved_cpus(cluster, usable, host_cores):
   share = max(host_cores // processes, 1)
   if usable >= share:
     return None
-  engine = cluster.engine if cluster else ''
-  fix = ('start mpirun with --bind-to none, or give each process its cores '
-         f'(--map-by ppr:{processes}:node:PE={share})'
-         if engine.startswith('Open MPI') else
-         f'give each task its cores (srun --cpus-per-task={share})'
-         if engine == 'Slurm' else
-         'start it with the CPU affinity of its share (taskset, numactl)')
+  alone = cluster_lib.Cluster('', 1, 0)  # Started by hand: no engine.
+  fix = (cluster or alone).cores_fix(processes, share)
   return (f'this process may run on {usable} of its host\'s {host_cores} '
           f'cores (its CPU affinity), fewer than its share of {share} for '
           f'{processes} process(es) a host: the input pipeline gets too few '
