@@ -9,7 +9,9 @@ import time
 import pytest
 import tensorflow as tf
 
+from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
+from pipeline.storage.checkpoint_format import Format
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.storage.checkpoint import UploadError
 from pipeline.errors import UserError
@@ -297,3 +299,47 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
   assert tf.train.latest_checkpoint(str(tmp_path / 'run' / 'checkpoints')
                                     ).endswith('ckpt-8')
   assert signal.getsignal(signal.SIGTERM) == previous
+
+
+@pytest.mark.parametrize('written_as', list(Format))
+def test_a_run_json_naming_no_format_is_read_by_its_files(tmp_path,
+                                                          written_as):
+  """A run.json from before it named its checkpoint format: the reader
+  goes by the files, either format's, into a model built anew."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import checkpoint_files  # pylint: disable=g-import-not-at-top
+
+  def model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((3,))
+    return keras.Model(inputs, keras.layers.Dense(2)(inputs))
+
+  saved, step = model(1), checkpoint_files.Variables('step', shapes=[()],
+                                                     dtype='int32')
+  step.values[0].assign(7)
+  folder = str(tmp_path / 'checkpoints')
+  if written_as is Format.KERAS_WEIGHTS:
+    checkpoint_files.KerasFiles({'model': saved, 'step': step}, folder,
+                                1).save(7)
+  else:
+    checkpoint_files.TensorFlowFiles(
+        {'model': saved, 'step': step.values[0]}, folder, 1).save(7)
+  assert checkpoint_format.of_run({'backend': 'any'}) is None
+  read, read_step = model(2), checkpoint_files.Variables(
+      'step', shapes=[()], dtype='int32')
+  files = checkpoint_files.reader(None, {'model': read, 'step': read_step},
+                                  folder, read_only='read only')
+  assert files.restore(files.latest()) == []
+  assert int(read_step.values[0].numpy()) == 7
+  for ours, theirs in zip(read.get_weights(), saved.get_weights()):
+    assert (ours == theirs).all()
+  with pytest.raises(UserError, match='read only'):
+    files.save(8)
+
+
+def test_a_run_json_names_its_format_and_a_wrong_name_is_one_line():
+  assert checkpoint_format.of_run(
+      {'checkpoint_format': 'keras .weights.h5'}) is Format.KERAS_WEIGHTS
+  with pytest.raises(ValueError, match="'orbax' is none of "
+                     "'tf.train.Checkpoint', 'keras .weights.h5'"):
+    checkpoint_format.of_run({'checkpoint_format': 'orbax'})

@@ -41,6 +41,7 @@ from pipeline.recipe import moving_average
 from pipeline.rules.config import classes
 from pipeline.rules.config import validation
 from pipeline.storage import checkpoint_files
+from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline.storage.checkpoint import Checkpointer
 
@@ -187,11 +188,18 @@ def _reader(workdir, source, ema_decay, resolved):
          if ema_decay else None)
   parts = dict(model=source, step=step, **({'ema': ema} if ema else {}))
   files = lambda directory, keep: checkpoint_files.reader(
-      checkpoint_files.format_of_run(resolved), parts, directory,
+      _format_of(workdir, resolved), parts, directory,
       read_only=f'init_from={workdir.url!r} is read, never written')
   checkpointer = Checkpointer(workdir, 1, is_chief=False, files=files)
   return checkpointer, ((lambda: [keras.ops.convert_to_numpy(v)
                                   for v in ema.values]) if ema else None)
+
+
+def _format_of(workdir, resolved):
+  try:
+    return checkpoint_format.of_run(resolved)
+  except ValueError as e:
+    raise UserError(f'init_from={workdir.url!r}: its run.json: {e}') from None
 
 
 # --- What init_from may name, and the plan's words for it ---------------

@@ -54,8 +54,11 @@ def run_config(url, staging_dir, overrides):
   config = validation.complete(dict(theirs, **overrides),
                                source=f'{url}/run.json')
   resolved = saved['resolved']
-  return (config, resolved['policy'],
-          checkpoint_format.of_run(resolved))
+  try:
+    written_as = checkpoint_format.of_run(resolved)
+  except ValueError as e:
+    raise UserError(f'{url}/run.json: {e}') from None
+  return config, resolved['policy'], written_as
 
 
 class Evaluator:
