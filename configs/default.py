@@ -52,9 +52,13 @@ def _data(config):
   # decodes (a JPEG's crop window alone is decoded).
   config.cache = 'memory'
   config.shuffle_buffer = 10_000
-  # A transform of pipeline/data/augmentations.py (docs/configs-and-data.md). Not
+  # A transform of pipeline/data/augmentations/ (docs/configs-and-data.md). Not
   # a flip here: a mirrored 2 is no 2.
   config.augment = 'translate'
+  # inception_randaugment's: operations an image, and their strength on the
+  # paper's 0-30 scale (15: Keras' factor 0.5).
+  config.randaugment_layers = 2
+  config.randaugment_magnitude = 15.0
   # Batch-level mixup and CutMix: Beta(alpha, alpha) blends; 0 is off, both
   # on alternate at random. Labels become soft; training accuracy then
   # counts the dominant label.

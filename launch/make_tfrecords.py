@@ -7,7 +7,7 @@
 
 Useful to feed TPU Nodes (which read only gs://) and for the input benchmark:
 --dataset=photos writes colour photographs of ImageNet-like size instead
-(pipeline/data/photos.py; --num_examples of them, a tenth as many for eval).
+(pipeline/data/sources/tfrecord/photos.py; --num_examples of them, a tenth as many for eval).
 
   python -m launch.make_tfrecords --dataset=photos --output_dir=/tmp/photos
 
@@ -30,13 +30,14 @@ import ml_collections
 import tensorflow as tf
 
 from configs import default
-from pipeline.data import image_folder
-from pipeline.data import photos
-from pipeline.data import tfrecords
+from pipeline.data.sources import listed_files
+from pipeline.data.sources.image_folder import tree as image_folder
+from pipeline.data.sources.tfrecord import photos
+from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.errors import UserError
 
 _DATASET = flags.DEFINE_string(
-    'dataset', 'sklearn_digits', "tfds name, or 'photos' (pipeline/data/photos.py).")
+    'dataset', 'sklearn_digits', "tfds name, or 'photos' (pipeline/data/sources/tfrecord/photos.py).")
 _NUM_EXAMPLES = flags.DEFINE_integer(
     'num_examples', 2000, "--dataset=photos: training images to write.")
 _DATA_DIR = flags.DEFINE_string('data_dir', '', 'tfds data_dir.')
@@ -72,11 +73,11 @@ def from_dir(output_dir):
     path = os.path.join(output_dir, prefix)
     count = tfrecords.write_shards(
         path, _NUM_FILES.value,
-        ((image_folder.read_bytes(name), label + _LABEL_OFFSET.value)
+        ((listed_files.read_bytes(name), label + _LABEL_OFFSET.value)
          for name, label in files[split]))
     logging.info('Wrote %d %s images of %d classes to %s-*', count, split,
                  len(names), path)
-  image_folder.write_labels(output_dir, names)
+  tfrecords.write_labels(output_dir, names)
 
 
 def main(argv):

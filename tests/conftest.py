@@ -154,7 +154,7 @@ assert tf is None or tf.config.list_logical_devices('CPU'), (
 
 
 def make_tree(root, per_class=24):
-  """A folder of class folders (pipeline/data/image_folder.py) from the
+  """A folder of class folders (pipeline/data/sources/image_folder/) from the
   bundled digits: root/<digit name>/ of 16x16 digits, PNG, every third
   JPEG, every fourth in a sub-folder; one damaged PNG and one .DS_Store.
   Returns the damaged file's path."""

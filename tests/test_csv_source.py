@@ -1,4 +1,4 @@
-"""A CSV of image paths and labels as a data set (pipeline/data/csv_files.py).
+"""A CSV of image paths and labels as a data set (pipeline/data/sources/csv_list/).
 
 The digits written as PNG files by conftest.make_tree (one damaged), and
 CSVs beside them as Kaggle ships them: paths relative to the CSV, one

@@ -14,10 +14,11 @@ import os
 import re
 import types
 
-import ml_collections
 import numpy as np
 from PIL import Image
 import pytest
+
+from configs import default
 import tensorflow as tf
 
 from conftest import run_module, run_train
@@ -27,7 +28,7 @@ from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import sources
 from pipeline.data import dali_index
 from pipeline.data import decode
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.errors import UserError
 from pipeline.data.input_spec import InputSpec
 
@@ -42,10 +43,11 @@ needs_dali = pytest.mark.skipif(
 
 
 def _config(**overrides):
-  config = ml_collections.ConfigDict(dict(
-      input_pipeline='dali', dataset='tfrecord', mixup_alpha=0.0,
-      cutmix_alpha=0.0, data_service='', train_files='/data/train-*',
-      eval_files='/data/eval-*', image_size=224, eval_image_size=224))
+  """The default config (every key), set for DALI on TFRecord files."""
+  config = default.get_config()
+  config.update(input_pipeline='dali', dataset='tfrecord',
+                train_files='/data/train-*', eval_files='/data/eval-*',
+                image_size=224, eval_image_size=224)
   config.update(overrides)
   return config
 
@@ -83,6 +85,7 @@ def _input(files, training, batch, size, num_classes, augment='none',
                                    for _ in tf.data.TFRecordDataset(f)),
       image_size=size, num_classes=num_classes, label_offset=0,
       augmentation=augmentations.AUGMENTATIONS[augment],
+      randaugment=augmentations.RandAugment(2, 15.0),
       central_fraction=1.0, shuffle_buffer=64, seed=1,
       num_threads=2)
 
@@ -131,6 +134,8 @@ def test_tf_data_stays_the_default_and_auto_takes_dali_only_where_measured():
      '--config.dataset=tfrecord (write them with launch.make_tfrecords)'),
     (dict(cutmix_alpha=1.0), 'mixup and CutMix run in tf.data'),
     (dict(data_service='grpc://d:5050'), 'a tf.data service runs tf.data'),
+    (dict(augment='inception_randaugment', randaugment_magnitude=7.5),
+     'its RandAugment takes whole magnitudes, not randaugment_magnitude=7.5'),
     (dict(train_files='gs://b/train-*'), 'DALI reads local files, not '
      'gs://b/train-*'),
     (dict(eval_image_size=288), 'its pipelines evaluate at the training '
@@ -502,11 +507,8 @@ def test_a_hosts_pipelines_share_its_cores_and_decode_an_execution_ahead(
   assert [source.threads(n) for n in (1, 2, 8)] == [2, 1, 1]
   pipeline = source.pipeline(0, 2, None, local_pipelines=2)
   assert pipeline.num_threads == 1
-  config = ml_collections.ConfigDict(dict(
-      train_files=str(path), image_size=224, eval_image_size=224,
-      label_offset=0, augment='none',
-      shuffle_buffer=64, deterministic_input=False, seed=0, mixup_alpha=0.0,
-      cutmix_alpha=0.0, cache='', data_service=''))
+  config = _config(train_files=str(path), augment='none', shuffle_buffer=64,
+                   seed=0, cache='')
   digits = types.SimpleNamespace(num_train_examples=16, num_classes=16,
                                  record_files={'train': (str(path),)},
                                  label_offset=0)

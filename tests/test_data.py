@@ -19,7 +19,7 @@ from pipeline.data import inputs
 from pipeline.data import decode
 from pipeline.data import cache
 from pipeline.data import sources
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.errors import UserError
 from pipeline.data.input_spec import InputSpec
 
@@ -435,7 +435,7 @@ def test_every_augmentation_keeps_uint8_shape(tfds_dir, augment):
 
 @pytest.fixture(scope='module')
 def photos():
-  from pipeline.data import photos as photo_set  # pylint: disable=g-import-not-at-top
+  from pipeline.data.sources.tfrecord import photos as photo_set  # pylint: disable=g-import-not-at-top
   return list(photo_set.make_jpegs(3))
 
 
@@ -527,3 +527,34 @@ def test_encoded_cache_decodes_and_counts_each_pass(tfrecord_dir):
   evaluation = inputs.eval_input_fn(spec, source, 8, cache=cache.Kind.ENCODED)(
       _context())
   assert sum(int(tf.reduce_sum(w)) for _, _, w in evaluation) == 11
+
+
+def test_randaugment_takes_its_layers_and_magnitude_from_the_config():
+  """More and stronger operations change an image more: the keys reach
+  Keras' layer (magnitude on the paper's 0-30 scale)."""
+  from pipeline.data.augmentations import tf_data  # pylint: disable=g-import-not-at-top
+  image = tf.constant(_image(3, size=64))
+  inception = augmentations.AUGMENTATIONS['inception_randaugment']
+  changes = {}
+  for layers, magnitude in ((1, 0.0), (4, 30.0)):
+    transform = tf_data.augmenter(
+        inception, 64, crop=False,
+        randaugment=augmentations.RandAugment(layers, magnitude))
+    tf.random.set_seed(0)
+    changes[layers, magnitude] = np.mean([
+        np.abs(transform(image).numpy().astype(int) - _image(3, size=64)).mean()
+        for _ in range(16)])
+  assert changes[4, 30.0] > 2 * changes[1, 0.0], changes
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(randaugment_layers=0), 'randaugment_layers=0: expected 1 to 10 '
+     'operations an image'),
+    (dict(randaugment_magnitude=31.0), 'randaugment_magnitude=31.0: expected '
+     "0 to 30 (the paper's scale)"),
+])
+def test_randaugment_settings_that_cannot_run_are_one_line(overrides, message):
+  config = _config(augment='inception_randaugment', **overrides)
+  with pytest.raises(UserError, match=re.escape(message)):
+    augmentations.AUGMENTATIONS.check(config)
+  augmentations.AUGMENTATIONS.check(_config(augment='inception', **overrides))

@@ -16,7 +16,7 @@ from configs import default
 from pipeline.data import inputs
 from pipeline.data import data_service
 from pipeline.data import sources
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.data.input_spec import InputSpec
 from tests.conftest import REPO
 from tests.conftest import free_port

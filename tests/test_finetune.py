@@ -124,7 +124,7 @@ def _digits_tfrecords(folder):
   on, and 5-9 (labels 0-4 too) split into a small training set and a
   held-out set."""
   from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
+  from pipeline.data.sources.tfrecord import records as tfrecords  # pylint: disable=g-import-not-at-top
   digits = datasets.load_digits()
   images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
   order = np.random.RandomState(0).permutation(len(images))

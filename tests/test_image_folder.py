@@ -1,4 +1,4 @@
-"""A folder of class folders as a data set (pipeline/data/image_folder.py).
+"""A folder of class folders as a data set (pipeline/data/sources/image_folder/).
 
 The tree is made here from the bundled digits: PNG and JPEG files, some in
 sub-folders, one damaged file and a file manager's hidden file. It trains
@@ -22,7 +22,7 @@ from conftest import run_module
 from conftest import run_train
 from configs import default
 from pipeline.data import decode
-from pipeline.data import image_folder
+from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.recipe import models
@@ -229,7 +229,7 @@ def test_to_tfrecords_with_the_class_names(tree, tmp_path):
   result = run_module('launch.make_tfrecords', f'--from_dir={tree}',
                       f'--output_dir={output}', '--num_files=2')
   assert result.returncode == 0, result.stderr[-3000:]
-  assert (output / image_folder.LABELS_FILE).read_text().split() == list(NAMES)
+  assert (output / tfrecords.LABELS_FILE).read_text().split() == list(NAMES)
   folder = sources.load_source(_config(train_dir=str(tree)))
   records = sources.load_source(_config(
       dataset='tfrecord', train_files=str(output / 'train-*'),
@@ -328,4 +328,4 @@ def test_trains_from_cloud_storage_and_converts_from_it(gcs_tree, tmp_path):
   converted = run_module('launch.make_tfrecords', f'--from_dir={gcs_tree}',
                          f'--output_dir={output}', '--num_files=1')
   assert converted.returncode == 0, converted.stderr[-3000:]
-  assert (output / image_folder.LABELS_FILE).read_text().split() == list(NAMES)
+  assert (output / tfrecords.LABELS_FILE).read_text().split() == list(NAMES)

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from configs import default
-from pipeline.data import augment
+from pipeline.data.augmentations import tf_data as augment
 from pipeline.backends.tensorflow import ema as ema_lib
 from pipeline.recipe import finetune
 from pipeline.recipe import models

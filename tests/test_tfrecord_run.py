@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import run_module, run_train
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 from test_console import ABSL_INFO
 
 

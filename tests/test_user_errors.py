@@ -158,7 +158,7 @@ def test_out_of_memory_while_building_is_one_line(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   from conftest import REPO  # pylint: disable=g-import-not-at-top
-  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
+  from pipeline.data.sources.tfrecord import records as tfrecords  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   image = tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy()

@@ -17,8 +17,9 @@ from pipeline.storage.checkpoint_format import Format
 class Trainer(Protocol):
   """A run's model, optimizer and compiled programs on one backend."""
 
-  model: object  # The keras.Model: exported, and loaded by init_from.
-  ema: Optional[object]  # The moving average (reset() restarts it), or None.
+  model: 'keras.Model'  # Exported, and loaded by init_from.
+  # The moving average (reset() restarts it; each backend's ema.py), or None.
+  ema: Optional[object]
   num_classes: int
 
   @property

@@ -7,7 +7,7 @@ same pipeline decodes on the CPU.
 
 It reads the TFRecord files tf.data reads, through an index per file
 (dali_index.py), with tf.data's preprocessing (each augmentation's parts,
-augmentations.py: the inception crop decoded alone, flips, DALI's own
+augmentations/: the inception crop decoded alone, flips, DALI's own
 RandAugment, translations), evaluation's central crop, and label_offset;
 the records split into shards (one per host, or per GPU), each read by its
 own pipeline only, in a different order each epoch (a shuffle buffer).
@@ -30,13 +30,8 @@ from pipeline.data import dali_index
 from pipeline.data import sources
 from pipeline.errors import UserError
 
-
-
 INSTALL = ('pip install -r requirements-gpu.txt (it pins DALI for CUDA 12, '
            'nvidia-dali-cuda120)')
-# augment.py's RandAugment: Keras' 2 ops at factor 0.5, DALI's magnitude
-# bins 0-30, so 15 of them.
-RANDAUGMENT_OPS, RANDAUGMENT_MAGNITUDE = 2, 15
 # A record DALI cannot read as an image: its decoders or the shape probe.
 _FAILED = re.compile(r'Error in (?:CPU|GPU|MIXED) operator `nvidia\.dali\.fn\.'
                      r'(?:decoders\.\w+|peek_image_shape)`.*?encountered:\s*'
@@ -64,6 +59,12 @@ def refusal(config, source):
     return (f'its pipelines evaluate at the training size, not '
             f'eval_image_size={config.eval_image_size}: set '
             f'--config.eval_image_size={config.image_size}, or '
+            '--config.input_pipeline=tf.data')
+  magnitude = config.randaugment_magnitude
+  if (augmentations.of(config).randaugment and
+      magnitude != int(magnitude)):
+    return (f'its RandAugment takes whole magnitudes, not '
+            f'randaugment_magnitude={magnitude:g}: round it, or '
             '--config.input_pipeline=tf.data')
   gcs = [p for p in source.all_record_files() if p.startswith('gs://')]
   if gcs:
@@ -99,6 +100,7 @@ class Input:
   num_classes: int
   label_offset: int
   augmentation: augmentations.Augmentation
+  randaugment: augmentations.RandAugment
   central_fraction: float
   shuffle_buffer: int
   seed: Optional[int]
@@ -169,8 +171,11 @@ class Input:
       image = fn.flip(image, horizontal=fn.random.coin_flip())
     if augmentation.randaugment:
       from nvidia.dali.auto_aug import rand_augment  # pylint: disable=g-import-not-at-top
-      image = rand_augment.rand_augment(image, n=RANDAUGMENT_OPS,
-                                        m=RANDAUGMENT_MAGNITUDE)
+      # DALI's magnitude bins are the paper's scale, one a step.
+      image = rand_augment.rand_augment(
+          image, n=self.randaugment.layers,
+          m=int(self.randaugment.magnitude),
+          num_magnitude_bins=augmentations.MAX_MAGNITUDE + 1)
     return image
 
   def _eval_image(self, encoded, device):
@@ -226,6 +231,7 @@ def _input(spec, source, global_batch_size, staging_dir, training,
                     else source.num_eval_examples),
       image_size=spec.image_size, num_classes=source.num_classes,
       label_offset=source.label_offset, augmentation=spec.augmentation,
+      randaugment=spec.randaugment,
       central_fraction=spec.central_fraction,
       shuffle_buffer=spec.shuffle_buffer, seed=spec.shuffle_seed,
       num_threads=dali_index.cpu_threads(), prefetch_depth=prefetch_depth)

@@ -18,7 +18,7 @@ import struct
 
 from absl import logging
 
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.errors import UserError
 
 _HEADER = struct.Struct('<QI')  # Length, then its CRC; the data's CRC after.

@@ -316,6 +316,11 @@ def without_skips(image, label, skipped):
   return image, label, tf.zeros_like(skipped)
 
 
+# What the input raises where its label check fails (the tf.data iterator
+# the step reads, on either backend): label_error words it.
+LABEL_CHECK_FAILED = tf.errors.InvalidArgumentError
+
+
 def label_error(error, num_classes, label_offset):
   """The one-line message for an out-of-range label, or None for others."""
   message = getattr(error, 'message', str(error))

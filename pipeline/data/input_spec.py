@@ -19,6 +19,7 @@ class InputSpec:
   image_size: int
   eval_image_size: int
   augmentation: augmentations.Augmentation
+  randaugment: augmentations.RandAugment  # Where the augmentation has it.
   mixup_alpha: float
   cutmix_alpha: float
   shuffle_buffer: int
@@ -33,7 +34,7 @@ class InputSpec:
   def of(cls, config):
     return cls(config.image_size,
                config.eval_image_size or config.image_size,
-               augmentations.of(config),
+               augmentations.of(config), augmentations.RandAugment.of(config),
                config.mixup_alpha, config.cutmix_alpha,
                config.shuffle_buffer, config.deterministic_input,
                config.seed, config.cache, config.data_service)
@@ -63,7 +64,11 @@ class InputSpec:
     mixes = [f'{name} {alpha:g}' for name, alpha in
              (('mixup', self.mixup_alpha), ('cutmix', self.cutmix_alpha))
              if alpha]
+    randaugment = self.randaugment
     return (f'augment {self.augmentation.name}'
+            + (f' ({randaugment.layers} operations of magnitude '
+               f'{randaugment.magnitude:g})' if self.augmentation.randaugment
+               else '')
             + (f'; {" or ".join(mixes)} per batch (training accuracy is '
                'against the dominant label)' if mixes else '')
             + (f'; training input from tf.data service {self.data_service} '

@@ -19,7 +19,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from pipeline.data import augment
+from pipeline.data.augmentations import tf_data as augment
 from pipeline.data import cache as cache_lib
 from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
@@ -127,7 +127,8 @@ def _cached_then_augmented(records, spec, source, input_context):
       image_shape, source.num_classes), spec, 'train', input_context)
   rest = dataset.map(decode.without_skips).shuffle(
       buffer, seed=None if seed is None else seed + 1).repeat()
-  transform = augment.augmenter(augmentation, size, crop=True)
+  transform = augment.augmenter(augmentation, size, crop=True,
+                                randaugment=spec.randaugment)
   return dataset.shuffle(buffer, seed=seed).concatenate(rest).map(
       lambda image, label, skipped: (transform(image), label, skipped),
       num_parallel_calls=AUTOTUNE)
@@ -144,7 +145,8 @@ def _augmented_as_decoded(records, spec, source, input_context,
   records = records.shuffle(buffer, seed=spec.shuffle_seed).repeat()
   window = (decode.random_window if augmentation.inception_crop
             else decode.square_window)
-  transform = augment.augmenter(augmentation, size, crop=False)
+  transform = augment.augmenter(augmentation, size, crop=False,
+                                randaugment=spec.randaugment)
   return decode.decoded_records(
       records, source.parse,
       lambda encoded: transform(

@@ -3,7 +3,7 @@ measures this pipeline's input against, on the same files."""
 
 import tensorflow as tf
 
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 
 
 def dataset(files, image_size, batch_size):

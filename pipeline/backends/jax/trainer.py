@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
-import tensorflow as tf
 
 from pipeline.backends import hlo_cost
 from pipeline.backends.jax import devices
@@ -226,7 +225,7 @@ class Trainer:
       if 'RESOURCE_EXHAUSTED' in str(e):
         raise UserError(self.out_of_memory) from None
       raise
-    except tf.errors.InvalidArgumentError as e:  # The input's label check.
+    except decode.LABEL_CHECK_FAILED as e:
       message = decode.label_error(e, self.num_classes, self.label_offset)
       if message:
         raise UserError(message) from None

@@ -1,10 +1,12 @@
-"""Where examples come from: each source one object in one module here,
-registered in SOURCES by the value of config.dataset that names it.
+"""Where examples come from: each source one package here, registered in
+SOURCES by the value of config.dataset that names it.
 
-tfds_set.py (any tensorflow-datasets image classification set: the
-fallback for a name no other source takes), tfrecord_files.py, folders.py
-(a folder of class folders) and csv_list.py (a CSV of image paths and
-labels). Each says what a run asks of it (its config keys and checks, the
+tfds_set/ (any tensorflow-datasets image classification set: the fallback
+for a name no other source takes; the bundled sklearn_digits), tfrecord/
+(TFRecord files: their format, and the bundled photographs), image_folder/
+(a folder of class folders) and csv_list/ (a CSV of image paths and
+labels); source.py and listed_files.py what they share. Each package's
+__init__ declares the source, its other modules read it. Each says what a run asks of it (its config keys and checks, the
 files its workers read, the split evaluation reads, whether DALI can read
 it, whether its class names are the user's) and loads itself into a
 Source: a stream of (encoded image, label, origin) records, read per
@@ -12,7 +14,7 @@ worker, each worker its own files (or, with fewer files than workers, its
 own examples). Decoding is decode.py's, after sharding, so a worker never
 pays to decode another's examples.
 
-A new source is a module here and its registration line below. No other module
+A new source is a package here and its registration line below. No other module
 compares config.dataset with a name. This package imports no TensorFlow
 (a source loads it when it loads): configs/default.py reads its keys, and
 DALI's choice reads it on the JAX path.
@@ -20,9 +22,9 @@ DALI's choice reads it on the JAX path.
 
 from pipeline import parts
 from pipeline.data.sources import csv_list
-from pipeline.data.sources import folders
+from pipeline.data.sources import image_folder
 from pipeline.data.sources import tfds_set
-from pipeline.data.sources import tfrecord_files
+from pipeline.data.sources import tfrecord
 from pipeline.data.sources.source import DataSource  # pylint: disable=unused-import
 from pipeline.data.sources.source import Source  # pylint: disable=unused-import
 from pipeline.data.sources.source import UnknownSet
@@ -33,8 +35,8 @@ SOURCES = parts.Table(
     accepted='or a tensorflow-datasets image classification name, e.g. '
     'sklearn_digits (offline), cifar10, imagenet2012')
 # The order is the docs' (configs-and-data.md) and the errors'.
-SOURCES.register(tfrecord_files.TFRecordFiles())
-SOURCES.register(folders.ClassFolders())
+SOURCES.register(tfrecord.TFRecordFiles())
+SOURCES.register(image_folder.ClassFolders())
 SOURCES.register(csv_list.CsvList())
 SOURCES.register(tfds_set.TfdsSet(), fallback=True)
 

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from pipeline.data import tfrecords
+from pipeline.data.sources.tfrecord import records as tfrecords
 
 
 def _photographs():

@@ -62,7 +62,7 @@ def _prepare(builder):
 def _load(config):
   """The tensorflow-datasets set config.dataset names, prepared."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from pipeline.data import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builder)
+  from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builder)
   try:
     builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
   except tfds.core.registered.DatasetNotFoundError:

@@ -1,18 +1,47 @@
 """The random training transforms config.augment names, each one object in
 AUGMENTATIONS: what it does to an image, as parts both input pipelines
-implement (augment.py on tf.data, dali.py on DALI), so no module compares
+implement (tf_data.py here, on tf.data; dali.py on DALI), so no module compares
 an augmentation's name.
 
 A new augmentation is a line below where it combines these parts; a new
-part is a field here and its few lines in augment.py and dali.py.
+part is a field here and its few lines in tf_data.py and dali.py.
 Imports no TensorFlow.
 """
 
 import dataclasses
 
 from pipeline import parts
+from pipeline.errors import UserError
 
 AUGMENTATIONS = parts.Table('augmentation', 'augment')
+
+# RandAugment's magnitude is on the paper's scale (Cubuk et al. 2019), 0 to
+# 30, as DALI's bins and EfficientNetV2's settings (5 to 15) give it; Keras'
+# layer takes it as a factor of the largest.
+MAX_MAGNITUDE = 30
+RANDAUGMENT_KEYS = {
+    'randaugment_layers': parts.Key('inception_randaugment: operations '
+                                    'applied to each image (1-10)'),
+    'randaugment_magnitude': parts.Key(
+        f'inception_randaugment: their strength, 0-{MAX_MAGNITUDE} (15 is '
+        "Keras' factor 0.5)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RandAugment:
+  """How many RandAugment operations each image gets, and how strong."""
+  layers: int
+  magnitude: float  # 0 to MAX_MAGNITUDE.
+
+  @classmethod
+  def of(cls, config):
+    return cls(config.randaugment_layers, config.randaugment_magnitude)
+
+  @property
+  def factor(self):
+    """The magnitude as Keras' RandAugment takes it, 0 to 1."""
+    return self.magnitude / MAX_MAGNITUDE
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -27,8 +56,23 @@ class Augmentation(parts.Part):
   # where the cache holds no image; evaluation then takes the central 87.5%.
   inception_crop: bool = False
   flips: bool = False  # Left and right, at random.
-  randaugment: bool = False  # Two RandAugment operations of magnitude 0.5.
-  keys = {}
+  # RandAugment's operations (randaugment_layers of randaugment_magnitude).
+  randaugment: bool = False
+
+  @property
+  def keys(self):
+    return RANDAUGMENT_KEYS if self.randaugment else {}
+
+  def check(self, config):
+    if not self.randaugment:
+      return
+    layers, magnitude = config.randaugment_layers, config.randaugment_magnitude
+    if not (isinstance(layers, int) and 1 <= layers <= 10):
+      raise UserError(f'randaugment_layers={layers!r}: expected 1 to 10 '
+                      'operations an image')
+    if not 0 <= magnitude <= MAX_MAGNITUDE:
+      raise UserError(f'randaugment_magnitude={magnitude!r}: expected 0 to '
+                      f'{MAX_MAGNITUDE} (the paper\'s scale)')
 
   @property
   def central_fraction(self):
@@ -55,9 +99,9 @@ for _augmentation in (
     Augmentation('inception', "tensorflow/tpu's ImageNet input: a random "
                  'resized crop and a flip; evaluation takes the central 87.5%',
                  inception_crop=True, flips=True),
-    Augmentation('inception_randaugment', 'inception, then RandAugment (two '
-                 'operations of magnitude 0.5)', inception_crop=True,
-                 flips=True, randaugment=True),
+    Augmentation('inception_randaugment', 'inception, then RandAugment '
+                 '(randaugment_layers operations of randaugment_magnitude)',
+                 inception_crop=True, flips=True, randaugment=True),
 ):
   AUGMENTATIONS.register(_augmentation)
 

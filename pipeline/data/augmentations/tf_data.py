@@ -9,12 +9,15 @@ import tensorflow as tf
 from pipeline.data import decode
 
 
-def augmenter(augmentation, size, crop):
+def augmenter(augmentation, size, crop, randaugment=None):
   """The random training transform of a uint8 image: `augmentation`'s parts
-  (augmentations.py), in order. `crop`: the image is whole (a decoded
-  cache's) and the random crop is taken here; otherwise decoding took it."""
-  randaugment = keras.layers.RandAugment(value_range=(0, 255), num_ops=2,
-                                         factor=0.5)
+  (the table in __init__.py), in order; `randaugment`: its RandAugment's
+  settings, where it has one. `crop`: the image is whole (a decoded cache's)
+  and the random crop is taken here; otherwise decoding took it."""
+  if augmentation.randaugment:
+    operations = keras.layers.RandAugment(
+        value_range=(0, 255), num_ops=randaugment.layers,
+        factor=randaugment.factor)
 
   def augment(image):
     if augmentation.translates:
@@ -27,7 +30,7 @@ def augmenter(augmentation, size, crop):
     if augmentation.flips:
       image = tf.image.random_flip_left_right(image)
     if augmentation.randaugment:
-      image = decode.to_uint8(randaugment(image))
+      image = decode.to_uint8(operations(image))
     return image
 
   return augment

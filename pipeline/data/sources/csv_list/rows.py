@@ -22,7 +22,7 @@ import re
 from absl import logging
 import tensorflow as tf
 
-from pipeline.data import image_folder
+from pipeline.data.sources import listed_files
 from pipeline.errors import UserError
 from pipeline.errors import first_line
 from pipeline.storage import gcs
@@ -33,7 +33,7 @@ LABEL_COLUMNS = ('label', 'class', 'category')
 
 def splits(config):
   """(class names, {'train': files, 'eval': files}, num_classes), files
-  [(path, label)] as image_folder.splits'; names () for integer labels."""
+  [(path, label)] as image_folder's tree.splits'; names () for integer labels."""
   train = _rows(config.train_csv)
   evaluated = _rows(config.eval_csv) if config.eval_csv else []
   names, labels = _labels(train + evaluated)
@@ -42,7 +42,7 @@ def splits(config):
   if evaluated:
     return names, {'train': files[:len(train)],
                    'eval': files[len(train):]}, num_classes
-  return names, image_folder.hold_out(
+  return names, listed_files.hold_out(
       files, _folder(config.train_csv), config.eval_fraction,
       f'rows of {config.train_csv!r}'), num_classes
 
@@ -65,14 +65,14 @@ def missing(files):
 
 
 def read_files(files, missing, input_context, shuffle, seed):
-  """(bytes, label, path) records as image_folder.read_files' of the files
+  """(bytes, label, path) records as listed_files.read_files' of the files
   that are there, then one without bytes for each of `missing` (this
   pipeline's share; a training run's shuffle mixes them in), which fails
   to decode and so is skipped, counted and named like a damaged file."""
   gone = set(missing)
   present = [(path, label) for path, label in files if path not in gone]
   absent = [(path, label) for path, label in files if path in gone]
-  records = image_folder.read_files(present, input_context, shuffle, seed)
+  records = listed_files.read_files(present, input_context, shuffle, seed)
   if not absent:
     return records
   paths, labels = zip(*absent)
@@ -85,7 +85,7 @@ def _rows(csv_path):
   """[(image path, label text, row number, csv_path)] of one CSV; one line
   for a CSV that cannot be read or lacks a column, a field or a row."""
   try:
-    text = image_folder.read_bytes(csv_path).decode('utf-8-sig')
+    text = listed_files.read_bytes(csv_path).decode('utf-8-sig')
   except Exception as e:  # Missing, unreadable, not UTF-8: all one line.
     raise UserError(f'cannot read the CSV {csv_path!r}: {first_line(e)}')
   reader = csv.reader(io.StringIO(text))

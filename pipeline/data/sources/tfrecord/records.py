@@ -100,7 +100,7 @@ def export_tfds(dataset, data_dir, split, output_prefix, num_files,
   decoding at a realistic resolution), and labels shifted by `label_offset`.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from pipeline.data import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import
+  from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import
   builder = tfds.builder(dataset, data_dir=data_dir or None)
   builder.download_and_prepare()
   encode = {'jpeg': lambda x: tf.io.encode_jpeg(x, quality=90),
@@ -132,3 +132,23 @@ def write_shards(output_prefix, num_files, examples):
     for writer in writers:
       writer.close()
   return count
+
+
+# The class names beside TFRecord files, one per line in index order.
+LABELS_FILE = 'labels.txt'
+
+
+def write_labels(folder, names):
+  """The class names beside TFRecord files, one per line in index order."""
+  with tf.io.gfile.GFile(os.path.join(folder, LABELS_FILE), 'w') as f:
+    f.write(''.join(f'{name}\n' for name in names))
+
+
+def read_labels(pattern):
+  """The class names in the labels file beside files matching `pattern`;
+  () where there is none."""
+  path = os.path.join(os.path.dirname(pattern), LABELS_FILE)
+  if not tf.io.gfile.exists(path):
+    return ()
+  with tf.io.gfile.GFile(path) as f:
+    return tuple(line.rstrip('\n') for line in f if line.strip())

@@ -1,6 +1,6 @@
 """A CSV of image paths and labels (names or integers; paths relative to the
 CSV or absolute, local or gs://), an eval CSV or a held-out share
-(data/csv_files.py reads it): a missing file is a record without bytes,
+(rows.py reads it): a missing file is a record without bytes,
 counted and named as undecodable."""
 
 from pipeline import parts
@@ -26,7 +26,7 @@ class CsvList(ListedImages):
   listing = 'a CSV of image paths and labels'
 
   def listed(self, config):
-    from pipeline.data import csv_files  # pylint: disable=g-import-not-at-top
+    from pipeline.data.sources.csv_list import rows as csv_files  # pylint: disable=g-import-not-at-top
     names, files, num_classes = csv_files.splits(config)
     missing = csv_files.missing(files)
     return names, files, num_classes, (

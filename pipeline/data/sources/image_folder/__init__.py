@@ -1,6 +1,6 @@
 """A folder of class folders (root/class/image, local or gs://), listed once;
 a held-out share of each class by a hash of the path, or an eval folder
-(data/image_folder.py reads them)."""
+(tree.py lists them, listed_files.py reads them)."""
 
 from pipeline import parts
 from pipeline.data.sources.source import EVAL_FRACTION
@@ -24,6 +24,7 @@ class ClassFolders(ListedImages):
   listing = 'a folder of class folders'
 
   def listed(self, config):
-    from pipeline.data import image_folder  # pylint: disable=g-import-not-at-top
-    names, files = image_folder.splits(config)
-    return names, files, len(names), image_folder.read_files
+    from pipeline.data.sources import listed_files  # pylint: disable=g-import-not-at-top
+    from pipeline.data.sources.image_folder import tree  # pylint: disable=g-import-not-at-top
+    names, files = tree.splits(config)
+    return names, files, len(names), listed_files.read_files

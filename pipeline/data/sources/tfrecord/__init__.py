@@ -38,8 +38,7 @@ class TFRecordFiles(DataSource):
 
 def _load(config):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from pipeline.data import image_folder  # pylint: disable=g-import-not-at-top
-  from pipeline.data import tfrecords  # pylint: disable=g-import-not-at-top
+  from pipeline.data.sources.tfrecord import records as tfrecords  # pylint: disable=g-import-not-at-top
   if config.num_classes < 1:
     raise UserError('dataset=tfrecord needs --config.num_classes=N (N >= 1)')
   files = {'train': tuple(tfrecords.list_files(config.train_files)),
@@ -80,9 +79,9 @@ def _load(config):
     encoded, label = tfrecords.parse(record)
     return encoded, label - offset, filename
 
-  names = image_folder.read_labels(config.train_files)
+  names = tfrecords.read_labels(config.train_files)
   if names and len(names) != config.num_classes:
-    raise UserError(f'{image_folder.LABELS_FILE} beside {config.train_files!r}'
+    raise UserError(f'{tfrecords.LABELS_FILE} beside {config.train_files!r}'
                     f' names {len(names)} classes, not num_classes='
                     f'{config.num_classes}')
   return Source('tfrecord', config.num_classes, sizes['train'], sizes['eval'],
