@@ -79,6 +79,16 @@ def _recipe(config):
   # A network of pipeline/recipe/models/ by name (docs/configs-and-data.md).
   config.model = 'efficientnet_b0'
   config.dropout_rate = 0.2
+  # Progressive learning (EfficientNetV2's; pipeline/recipe/progressive.py):
+  # 0 is off; N splits the epochs into N stages whose image size, RandAugment
+  # magnitude, mixup and dropout grow from the first stage's values (-1,
+  # and a size of 0: the network's, EfficientNetV2's 128 px, magnitude 5,
+  # no mixup, dropout 0.1; else half the size) to the run's own.
+  config.progressive_stages = 0
+  config.progressive_first_image_size = 0
+  config.progressive_first_randaugment_magnitude = -1.0
+  config.progressive_first_mixup_alpha = -1.0
+  config.progressive_first_dropout_rate = -1.0
   # Stochastic depth, where the network has it (EfficientNet: block i of n
   # drops its residual branch with probability about rate * i / n).
   config.drop_connect_rate = 0.2

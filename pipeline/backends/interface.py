@@ -63,6 +63,10 @@ class Trainer(Protocol):
     given; another (a run trained on the other backend), or None (a run
     whose run.json names none: by its files), is read only."""
 
+  def compiled_programs(self) -> int:
+    """How many programs the training step has compiled (traced) in this
+    process: one per input shape (a stage of progressive learning's size)."""
+
   def read_back(self) -> None:
     """Takes the model's weights (just loaded into it) as the run's state."""
 

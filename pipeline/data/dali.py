@@ -60,6 +60,9 @@ def refusal(config, source):
             f'eval_image_size={config.eval_image_size}: set '
             f'--config.eval_image_size={config.image_size}, or '
             '--config.input_pipeline=tf.data')
+  if config.progressive_stages:
+    return ('progressive learning rebuilds the input at each stage\'s size, '
+            'which tf.data does: --config.input_pipeline=tf.data')
   magnitude = config.randaugment_magnitude
   if (augmentations.of(config).randaugment and
       magnitude != int(magnitude)):

@@ -29,6 +29,9 @@ class InputSpec:
   # config.cache: '' (none), 'memory', a local or gs:// file prefix.
   cache: str
   data_service: str  # grpc://HOST:PORT of a dispatcher, or '' (here).
+  # Labels as blends' soft targets: where mixup or CutMix is on (in any
+  # stage of progressive learning, even one whose alpha is 0).
+  soft_labels: bool
 
   @classmethod
   def of(cls, config):
@@ -37,7 +40,20 @@ class InputSpec:
                augmentations.of(config), augmentations.RandAugment.of(config),
                config.mixup_alpha, config.cutmix_alpha,
                config.shuffle_buffer, config.deterministic_input,
-               config.seed, config.cache, config.data_service)
+               config.seed, config.cache, config.data_service,
+               bool(config.mixup_alpha or config.cutmix_alpha))
+
+  def at_stage(self, image_size, randaugment_magnitude, mixup_alpha):
+    """This spec at one stage of progressive learning: its size, its
+    RandAugment's magnitude and mixup; the labels stay soft through every
+    stage where any mixes. A file cache holds each size apart."""
+    return dataclasses.replace(
+        self, image_size=image_size, mixup_alpha=mixup_alpha,
+        soft_labels=self.soft_labels,
+        randaugment=dataclasses.replace(self.randaugment,
+                                        magnitude=randaugment_magnitude),
+        cache=(f'{self.cache}-{image_size}px'
+               if self.cache not in ('', 'memory') else self.cache))
 
   @property
   def shuffle_seed(self):
@@ -47,7 +63,7 @@ class InputSpec:
 
   @property
   def mixes(self):
-    return bool(self.mixup_alpha or self.cutmix_alpha)
+    return self.soft_labels
 
   @property
   def central_fraction(self):

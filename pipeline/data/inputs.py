@@ -42,14 +42,16 @@ class TfDataInput:
   input_fn: Callable
 
 
-def train_input(plan, service_job='train'):
+def train_input(plan, service_job='train', spec=None):
   """The plan's training batches, as its backend takes them to distribute:
-  a TfDataInput or a dali.Input."""
+  a TfDataInput or a dali.Input. `spec`: the InputSpec of a stage of
+  progressive learning (default: the plan's)."""
+  spec = spec or plan.input
   if plan.input_pipeline is input_pipeline_lib.Pipeline.DALI:
-    return dali.train_input(plan.input, plan.source, plan.global_batch_size,
+    return dali.train_input(spec, plan.source, plan.global_batch_size,
                             plan.staging_dir, plan.steps_per_execution,
                             plan.hardware.num_replicas)
-  return TfDataInput(train_input_fn(plan.input, plan.source,
+  return TfDataInput(train_input_fn(spec, plan.source,
                                     plan.global_batch_size, plan.cache_kind,
                                     service_job))
 

@@ -40,6 +40,7 @@ from pipeline import recipe
 from pipeline.recipe import finetune
 from pipeline.recipe import models
 from pipeline.recipe import objective as objective_lib
+from pipeline.recipe import progressive
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -83,6 +84,8 @@ class Plan:
   accepted_changes: tuple
   # What it trains and evaluates at, and why (models.image_sizes).
   image_sizes: models.ImageSizes
+  # Its stages of progressive learning: one, the whole run, where it is off.
+  stages: tuple
 
   @property
   def policy(self):
@@ -144,6 +147,8 @@ class Plan:
         'image_size': self.image_sizes.train,
         'eval_image_size': self.image_sizes.eval,
         'image_sizes': self.image_sizes.describe(),
+        'progressive_stages': ([stage.to_json() for stage in self.stages]
+                               if len(self.stages) > 1 else []),
         'dataset': self.source.name, 'num_classes': self.source.num_classes,
         'class_names': list(self.source.class_names),
         'train_examples': self.source.num_train_examples,
@@ -201,6 +206,8 @@ class Plan:
           else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
         f'cache {self.cache_kind} ({self.cache_reason}); {self.input.describe()}',
+        *([f'Progressive learning: {stage.describe(len(self.stages))}'
+           for stage in self.stages] if len(self.stages) > 1 else []),
         self._recipe(),
     ]
 
@@ -248,6 +255,7 @@ def resolve(config, request, hardware=None):
   sizes = models.image_sizes(config.model, config.image_size,
                              config.eval_image_size)
   config.image_size, config.eval_image_size = sizes.train, sizes.eval
+  progressive.check(config)
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
@@ -295,7 +303,8 @@ def resolve(config, request, hardware=None):
                               resolved_precision.policy)),
       objective=objective_lib.Objective.of(config, source.num_classes),
       input=spec, fine_tuning=tuning,
-      accepted_changes=opened.accepted_changes, image_sizes=sizes)
+      accepted_changes=opened.accepted_changes, image_sizes=sizes,
+      stages=progressive.stages(config, steps_per_epoch))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():

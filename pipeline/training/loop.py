@@ -19,6 +19,7 @@ from pipeline.recipe import finetune
 from pipeline.reports import metrics
 from pipeline.training import preemption as preemption_lib
 from pipeline.training import progress as progress_lib
+from pipeline.training import stages
 from pipeline.training import tracking as tracking_lib
 from pipeline.rules.machine import stopping
 from pipeline.storage import workdir_lock
@@ -67,8 +68,7 @@ def _train_and_evaluate(plan, extra_actions):
   initial_step = _restore_or_initialize(plan, trainer, checkpointer)
 
   backend, batch = plan.backend, plan.global_batch_size
-  train_data = backend.distribute(hardware, inputs.train_input(
-      plan, service_job=f'train:{workdir.url}'))
+  train_data = stages.StagedInput(plan, trainer, f'train:{workdir.url}')
   eval_data = backend.distribute(hardware, inputs.eval_input(plan))
   tracking = tracking_lib.Tracking.start(plan)
   train_writer, eval_writer = actions.summary_writers(
@@ -95,8 +95,9 @@ def _train_and_evaluate(plan, extra_actions):
   try:
     with stopping.armed(resume_hint='rerun the same command to resume from '
                         f'the last checkpoint committed to {workdir.url}'):
-      run_loop(trainer, iter(train_data), plan, initial_step, [
+      run_loop(trainer, train_data, plan, initial_step, [
           *extra_actions,
+          train_data.after_execution,
           *([profile] if profile else []),
           progress,
           actions.RecoverFromDivergence(
@@ -123,6 +124,8 @@ def _train_and_evaluate(plan, extra_actions):
     result.update(keep_best.metrics(), best_export_dir=(
         config.export and export.export_run(plan, trainer, 'export_best')
         or None))
+  # Each size a program of its own (progressive learning), compiled once.
+  result['train_programs_compiled'] = trainer.compiled_programs()
   # Building, compiling, training, evaluating and exporting: the run's time.
   result['wall_s'] = round(time.perf_counter() - started, 1)
   if hardware.is_chief:
@@ -187,21 +190,23 @@ def _write_plan_text(plan, writer, step):
                     '\n```')
 
 
-def run_loop(trainer, iterator, plan, initial_step, periodic_actions):
+def run_loop(trainer, batches, plan, initial_step, periodic_actions):
   """Runs executions of `plan.steps_per_execution` steps to the last step.
 
   After each, every action gets the Execution: the loop knows nothing of
   logging, checkpoints, evaluation or preemption. An execution ends where a
-  frozen backbone thaws (the trainer switches functions there).
+  frozen backbone thaws (the trainer switches functions there) and where a
+  stage of progressive learning ends (`batches`, a stages.StagedInput,
+  gives the next stage's input from its first step).
   """
   step = initial_step
   while step < plan.total_steps:
-    end = min(step + plan.steps_per_execution, plan.total_steps)
+    end = min(step + plan.steps_per_execution, batches.end_of_stage(step))
     if step < plan.frozen_steps:
       end = min(end, plan.frozen_steps)
     num_steps = end - step
     start = time.perf_counter()
-    outputs = trainer.train(iterator, num_steps)
+    outputs = trainer.train(batches.at(step), num_steps)
     execution = actions.Execution(step, step + num_steps, plan.total_steps,
                                   time.perf_counter() - start, outputs)
     try:

@@ -120,6 +120,11 @@ class Trainer:
             'input_wait_s': wait_s, 'skipped_records': skipped,
             'step_losses': losses}
 
+  def compiled_programs(self):
+    # jax.jit's own count of the programs it traced, one per input shape.
+    return sum(step._cache_size()  # pylint: disable=protected-access
+               for step in (self.train_step, self.frozen_step) if step)
+
   def step_cost(self):
     if self.last_inputs is None or self.gradient_program is None:
       return {'reason': 'no training step has run'}

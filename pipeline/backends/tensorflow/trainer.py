@@ -87,6 +87,10 @@ class Trainer:
         read_only=f'{directory} holds a run trained on another backend, '
         'which resumes there only')
 
+  def compiled_programs(self):
+    functions = [self.train_fn, self.frozen_train_fn]
+    return sum(f.experimental_get_tracing_count() for f in functions if f)
+
   def read_back(self):
     """Nothing to do: the variables are this trainer's state."""
 

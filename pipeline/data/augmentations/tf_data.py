@@ -77,7 +77,9 @@ def mixer(mixup_alpha, cutmix_alpha, num_classes, size):
     images, labels, skipped = batch
     seeds = tf.random.experimental.stateless_split(seed, 4)
     partner = tf.reverse(images, [0])
-    if mixup_alpha and cutmix_alpha:
+    if not (mixup_alpha or cutmix_alpha):  # A stage that does not blend.
+      lam = 1.0
+    elif mixup_alpha and cutmix_alpha:
       images, lam = tf.cond(
           tf.random.stateless_uniform([], seeds[3]) < 0.5,
           lambda: cutmix(images, partner, seeds),

@@ -111,13 +111,22 @@ def model_of_run(plan):
 def model_of_config(config, num_classes):
   """The network `config` describes, for `num_classes` (launch.probe's,
   which has no plan, and the run's): at its one image size, or any size
-  where it evaluates at another (`eval_image_size`, resolved)."""
-  fixed = config.eval_image_size in (0, config.image_size)
+  where it evaluates at another (`eval_image_size`, resolved) or trains in
+  progressive stages."""
+  fixed = (config.eval_image_size in (0, config.image_size) and
+           not config.progressive_stages)
   return build_model(config.model, num_classes,
                      config.image_size if fixed else None,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate,
                      forms=layers.forms_of(config))
+
+
+def set_head_dropout(model, rate):
+  """The dropout before the logits, for the programs traced from now on
+  (a stage of progressive learning sets its own; each stage's new input
+  size traces anew)."""
+  model.get_layer('head_dropout').rate = rate
 
 
 def backbone(model):

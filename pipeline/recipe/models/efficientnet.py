@@ -35,6 +35,10 @@ V2_SIZES = {'efficientnetv2_b0': (192, 224), 'efficientnetv2_b1': (192, 240),
             'efficientnetv2_b2': (208, 260), 'efficientnetv2_b3': (240, 300),
             'efficientnetv2_s': (300, 384), 'efficientnetv2_m': (384, 480),
             'efficientnetv2_l': (384, 480)}
+# EfficientNetV2's first stage of progressive learning: the paper's Table 6
+# (Tan and Le 2021), the same for S, M and L; their last is the run's own.
+V2_FIRST_STAGE = {'image_size': 128, 'randaugment_magnitude': 5.0,
+                  'mixup_alpha': 0.0, 'dropout_rate': 0.1}
 # The stochastic depth keras.applications builds every EfficientNet with:
 # block i of n drops its residual branch with probability 0.2 * i / n.
 BUILT_DROP_CONNECT_RATE = 0.2
@@ -69,6 +73,9 @@ class EfficientNet(ModelFamily):
     size = V1_SIZES.get(name, V1_SIZES['efficientnet_b0'])
     return size, size, ("tensorflow/tpu's EfficientNet recipe" if name in V1
                         else "B0's, tensorflow/tpu's recipe")
+
+  def progressive_first(self, name):
+    return dict(V2_FIRST_STAGE) if name in V2_SIZES else None
 
   def published_file(self, name):
     """Keras 3's names: the network's own + '_notop.h5'

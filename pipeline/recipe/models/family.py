@@ -33,6 +33,13 @@ class ModelFamily(parts.Part):
     eval_image_size 0 take."""
     raise NotImplementedError
 
+  def progressive_first(self, name):
+    """The first stage of progressive learning its published recipe
+    trains `name` with ({'image_size', 'randaugment_magnitude',
+    'mixup_alpha', 'dropout_rate'}), or None where it has none
+    (recipe/progressive.py then starts at half the size)."""
+    del name
+
   def published_file(self, name):
     """The file name of Keras' published headless ImageNet weights of
     `name`, for a user fetching them by hand; a one-line UserError for a

@@ -1,0 +1,129 @@
+"""Progressive learning (EfficientNetV2, Tan and Le 2021, Algorithm 1): the
+run in stages, each at a larger image size with stronger regularisation.
+
+`progressive_stages` N (0: off) splits the run's epochs into N stages; stage
+i of N trains at the sizes and strengths interpolated i/(N-1) of the way
+from the first stage's values to the run's own (image_size,
+randaugment_magnitude, mixup_alpha, dropout_rate): small images early,
+when the network learns coarse features cheaply and needs little
+regularisation, the full size and the full regularisation last. The
+first stage's values are keys of their own; left at their defaults they
+are the paper's for EfficientNetV2 (Table 6: 128 px, RandAugment magnitude
+5, no mixup, dropout 0.1) and, for other networks, half the size and a
+third of the magnitude.
+
+A stage ends on an epoch's boundary, so rebuilding the input there loses
+no epoch's place; the step a run is at names its stage, so a resumed run
+goes on at its stage's size. Each size is a compiled program of its own:
+the model takes any size (models.model_of_config), and the backends trace
+again for a new input shape, once per size.
+"""
+
+import dataclasses
+
+from pipeline.errors import UserError
+
+# What a first-stage key's default means: the network's own (below).
+FAMILY = -1
+# The sizes a stage takes: multiples of 16, so every stride-2 stage of the
+# networks but the last halves a whole number of pixels. The networks take
+# 32 px and more.
+SIZE_STEP, SMALLEST = 16, 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One stage: its steps [first_step, end_step), and what it trains at."""
+  index: int
+  first_step: int
+  end_step: int
+  image_size: int
+  randaugment_magnitude: float
+  mixup_alpha: float
+  dropout_rate: float
+
+  def describe(self, count):
+    return (f'stage {self.index + 1}/{count}: steps {self.first_step}-'
+            f'{self.end_step}, {self.image_size} px, RandAugment magnitude '
+            f'{self.randaugment_magnitude:g}, mixup {self.mixup_alpha:g}, '
+            f'dropout {self.dropout_rate:g}')
+
+  def to_json(self):
+    return dataclasses.asdict(self)
+
+
+def first_values(config):
+  """The first stage's values: each key's, or (left at FAMILY; the size at
+  0 too) the network's own (ModelFamily.progressive_first)."""
+  from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
+  own = models.MODELS[config.model].progressive_first(config.model) or {
+      'image_size': max(SMALLEST, _on_step(config.image_size // 2)),
+      'randaugment_magnitude': config.randaugment_magnitude / 3,
+      'mixup_alpha': 0.0, 'dropout_rate': config.dropout_rate / 2}
+  given = {'image_size': config.progressive_first_image_size or FAMILY,
+           'randaugment_magnitude':
+               config.progressive_first_randaugment_magnitude,
+           'mixup_alpha': config.progressive_first_mixup_alpha,
+           'dropout_rate': config.progressive_first_dropout_rate}
+  return {name: own[name] if value == FAMILY else value
+          for name, value in given.items()}
+
+
+def _on_step(size):
+  return int(round(size / SIZE_STEP)) * SIZE_STEP
+
+
+def check(config):
+  """A one-line UserError for a stage count the epochs cannot hold, or a
+  first stage the network cannot take or that does not grow; None where
+  progressive learning is off or can run. Reads sizes already resolved."""
+  count = config.progressive_stages
+  if not count:
+    return
+  if not (isinstance(count, int) and 2 <= count <= config.epochs):
+    raise UserError(f'progressive_stages={count!r}: expected 0 (off) or 2 '
+                    f'to the run\'s {config.epochs} epochs (a stage is whole '
+                    'epochs)')
+  first = first_values(config)['image_size']
+  if not SMALLEST <= first < config.image_size:
+    raise UserError(
+        f"progressive learning's first size {first} px must be at least "
+        f'{SMALLEST} px and below the training size, {config.image_size} px: '
+        'set --config.progressive_first_image_size, or a larger image_size')
+  sizes = [stage.image_size for stage in stages(config, 1)]
+  if len(set(sizes)) != len(sizes):
+    raise UserError(f'progressive learning from {first} to '
+                    f'{config.image_size} px in {count} stages repeats a '
+                    f'size ({", ".join(map(str, sizes))}; they step by '
+                    f'{SIZE_STEP} px): fewer stages, or a smaller first size')
+
+
+def stages(config, steps_per_epoch):
+  """The run's Stages, in order: one, the whole run, where progressive
+  learning is off (check() has passed the config)."""
+  count, epochs = config.progressive_stages, config.epochs
+  last = {'image_size': config.image_size,
+          'randaugment_magnitude': config.randaugment_magnitude,
+          'mixup_alpha': config.mixup_alpha,
+          'dropout_rate': config.dropout_rate}
+  if not count:
+    return (Stage(0, 0, epochs * steps_per_epoch, **last),)
+  first = first_values(config)
+  found = []
+  for index in range(count):
+    share = index / (count - 1)
+    values = {name: first[name] + (last[name] - first[name]) * share
+              for name in last}
+    values['image_size'] = (last['image_size'] if index == count - 1 else
+                            _on_step(values['image_size']))
+    # Whole epochs a stage: the input is rebuilt where an epoch begins.
+    begin, end = (round(epochs * part / count) * steps_per_epoch
+                  for part in (index, index + 1))
+    found.append(Stage(index, begin, end, **values))
+  return tuple(found)
+
+
+def stage_at(all_stages, step):
+  """The Stage that trains `step` (the last from its end on)."""
+  return next((stage for stage in all_stages if step < stage.end_step),
+              all_stages[-1])
