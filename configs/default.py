@@ -80,7 +80,7 @@ def _recipe(config):
   config.model = 'efficientnet_b0'
   config.dropout_rate = 0.2
   # Progressive learning (EfficientNetV2's; pipeline/recipe/progressive.py):
-  # 0 is off; N splits the epochs into N stages whose image size, RandAugment
+  # 0 is off, -1 the network's recipe (4 for EfficientNetV2); N splits the epochs into N stages whose image size, RandAugment
   # magnitude, mixup and dropout grow from the first stage's values (-1,
   # and a size of 0: the network's, EfficientNetV2's 128 px, magnitude 5,
   # no mixup, dropout 0.1; else half the size) to the run's own.

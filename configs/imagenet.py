@@ -40,6 +40,9 @@ def get_config():
   config.shuffle_buffer = 1024  # Of encoded records, before decoding.
 
   config.model = 'efficientnet_b0'
+  # Progressive learning as the network's recipe: EfficientNetV2's four
+  # stages (128 px up to its own size), none for the others.
+  config.progressive_stages = -1
   config.dropout_rate = 0.2
   config.drop_connect_rate = 0.2
   config.batch_norm_momentum = 0.99

@@ -73,6 +73,15 @@ def _on_step(size):
   return int(round(size / SIZE_STEP)) * SIZE_STEP
 
 
+def resolve_count(config):
+  """progressive_stages -1 takes the network's recipe's count (4 for
+  EfficientNetV2, 0 for the others), written into the config."""
+  if config.progressive_stages == FAMILY:
+    from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
+    config.progressive_stages = models.MODELS[config.model].progressive_stages(
+        config.model)
+
+
 def check(config):
   """A one-line UserError for a stage count the epochs cannot hold, or a
   first stage the network cannot take or that does not grow; None where
@@ -81,9 +90,9 @@ def check(config):
   if not count:
     return
   if not (isinstance(count, int) and 2 <= count <= config.epochs):
-    raise UserError(f'progressive_stages={count!r}: expected 0 (off) or 2 '
-                    f'to the run\'s {config.epochs} epochs (a stage is whole '
-                    'epochs)')
+    raise UserError(f'progressive_stages={count!r}: expected 0 (off), -1 '
+                    "(the network's recipe) or 2 to the run's "
+                    f'{config.epochs} epochs (a stage is whole epochs)')
   first = first_values(config)['image_size']
   if not SMALLEST <= first < config.image_size:
     raise UserError(
@@ -117,7 +126,7 @@ def stages(config, steps_per_epoch):
     values['image_size'] = (last['image_size'] if index == count - 1 else
                             _on_step(values['image_size']))
     # Whole epochs a stage: the input is rebuilt where an epoch begins.
-    begin, end = (round(epochs * part / count) * steps_per_epoch
+    begin, end = (epochs * part // count * steps_per_epoch
                   for part in (index, index + 1))
     found.append(Stage(index, begin, end, **values))
   return tuple(found)

@@ -255,6 +255,7 @@ def resolve(config, request, hardware=None):
   sizes = models.image_sizes(config.model, config.image_size,
                              config.eval_image_size)
   config.image_size, config.eval_image_size = sizes.train, sizes.eval
+  progressive.resolve_count(config)
   progressive.check(config)
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,

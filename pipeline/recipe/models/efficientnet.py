@@ -39,6 +39,7 @@ V2_SIZES = {'efficientnetv2_b0': (192, 224), 'efficientnetv2_b1': (192, 240),
 # (Tan and Le 2021), the same for S, M and L; their last is the run's own.
 V2_FIRST_STAGE = {'image_size': 128, 'randaugment_magnitude': 5.0,
                   'mixup_alpha': 0.0, 'dropout_rate': 0.1}
+V2_STAGES = 4  # The paper's ImageNet training: four stages.
 # The stochastic depth keras.applications builds every EfficientNet with:
 # block i of n drops its residual branch with probability 0.2 * i / n.
 BUILT_DROP_CONNECT_RATE = 0.2
@@ -76,6 +77,9 @@ class EfficientNet(ModelFamily):
 
   def progressive_first(self, name):
     return dict(V2_FIRST_STAGE) if name in V2_SIZES else None
+
+  def progressive_stages(self, name):
+    return V2_STAGES if name in V2_SIZES else 0
 
   def published_file(self, name):
     """Keras 3's names: the network's own + '_notop.h5'

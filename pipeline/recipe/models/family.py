@@ -40,6 +40,12 @@ class ModelFamily(parts.Part):
     (recipe/progressive.py then starts at half the size)."""
     del name
 
+  def progressive_stages(self, name):
+    """The stages its published recipe trains `name` in (0: none), what
+    progressive_stages=-1 takes."""
+    del name
+    return 0
+
   def published_file(self, name):
     """The file name of Keras' published headless ImageNet weights of
     `name`, for a user fetching them by hand; a one-line UserError for a

@@ -1,0 +1,148 @@
+"""Progressive learning (pipeline/recipe/progressive.py): the stages, their
+checks, and real runs on both backends stopped by SIGTERM in their second
+stage and resumed there, at its size."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, jax_args, run_train, signal_once_it_prints
+from conftest import tiny_args
+from configs import default
+from configs import imagenet
+from pipeline.errors import UserError
+from pipeline.recipe import progressive
+
+
+def _config(base=default, **overrides):
+  config = base.get_config()
+  config.update(overrides)
+  return config
+
+
+def _sizes(stages):
+  return [stage.image_size for stage in stages]
+
+
+def test_the_default_at_64_px_trains_at_32_then_64_on_epoch_boundaries():
+  config = _config(image_size=64, progressive_stages=2, epochs=3)
+  progressive.check(config)
+  first, last = progressive.stages(config, steps_per_epoch=22)
+  assert (first.first_step, first.end_step, first.image_size) == (0, 22, 32)
+  assert (last.first_step, last.end_step, last.image_size) == (22, 66, 64)
+  # From a third of the run's magnitude and half its dropout to its own.
+  assert (first.randaugment_magnitude, first.dropout_rate) == (5.0, 0.1)
+  assert (last.randaugment_magnitude, last.dropout_rate) == (15.0, 0.2)
+  assert progressive.stage_at((first, last), 21) is first
+  assert progressive.stage_at((first, last), 22) is last
+  assert progressive.stage_at((first, last), 66) is last
+
+
+def test_efficientnetv2_s_takes_the_papers_four_stages_from_128_px():
+  config = _config(imagenet, model='efficientnetv2_s', image_size=300,
+                   randaugment_magnitude=15.0, dropout_rate=0.3)
+  progressive.resolve_count(config)
+  assert config.progressive_stages == 4
+  progressive.check(config)
+  stages = progressive.stages(config, steps_per_epoch=10)
+  assert _sizes(stages) == [128, 192, 240, 300]
+  assert [round(s.randaugment_magnitude, 2) for s in stages] == [
+      5.0, 8.33, 11.67, 15.0]
+  assert [round(s.dropout_rate, 3) for s in stages] == [0.1, 0.167, 0.233,
+                                                         0.3]
+  assert [s.first_step for s in stages] == [0, 870, 1750, 2620]
+  assert stages[-1].end_step == 3500
+  # B0 trains as its recipe does: in one stage.
+  b0 = _config(imagenet, model='efficientnet_b0')
+  progressive.resolve_count(b0)
+  assert b0.progressive_stages == 0
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(progressive_stages=30, epochs=20), 'progressive_stages=30: expected '
+     "0 (off), -1 (the network's recipe) or 2 to the run's 20 epochs"),
+    (dict(progressive_stages=1), 'progressive_stages=1: expected 0 (off)'),
+    (dict(progressive_stages=2, image_size=32), "progressive learning's first "
+     'size 32 px must be at least 32 px and below the training size, 32 px'),
+    (dict(progressive_stages=2, progressive_first_image_size=16),
+     "first size 16 px must be at least 32 px"),
+    (dict(progressive_stages=6, image_size=64), 'progressive learning from 32 '
+     'to 64 px in 6 stages repeats a size (32, 32, 48, 48, 64, 64'),
+])
+def test_stages_that_cannot_run_are_one_line(overrides, message):
+  config = _config(**dict(dict(image_size=64), **overrides))
+  with pytest.raises(UserError, match=re.escape(message)):
+    progressive.check(config)
+
+
+def test_the_dry_run_says_the_stages_of_efficientnetv2_s(tfds_dir, tmp_path):
+  result = run_train('--config=configs/imagenet.py',
+                     '--config.model=efficientnetv2_s',
+                     '--config.dataset=sklearn_digits',
+                     f'--config.data_dir={tfds_dir}',
+                     '--config.global_batch_size=64', f'--workdir={tmp_path}',
+                     '--dry_run', timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  for size in (128, 192, 240, 300):
+    assert f', {size} px, RandAugment magnitude' in result.stderr
+  assert 'Progressive learning: stage 4/4:' in result.stderr
+  assert '300 px training, 384 px evaluation' in result.stderr
+
+
+# Eight epochs of 8 steps in two stages: the second, at 64 px, has eight
+# executions after its compile for the signal to land in.
+_STAGED = ('--config.image_size=64', '--config.progressive_stages=2',
+           '--config.epochs=8', '--config.checkpoint_every_steps=1000')
+_SECOND = 'Compiled the training step for 64 px'
+
+
+def _stopped_in_the_second_stage_and_resumed(args):
+  """Runs `args`, SIGTERM once the second stage's size compiled; then the
+  same command again. Returns (first run's output, second's, metrics)."""
+  run = subprocess.Popen([sys.executable, '-m', 'launch.train', *args],
+                         cwd=REPO, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, process_group=0)
+  head = signal_once_it_prints(run, _SECOND, signal.SIGTERM, group=True)
+  first = head + run.communicate(timeout=600)[1]
+  assert run.returncode == 143, first[-3000:]
+  second = run_train(*args, timeout=900)
+  assert second.returncode == 0, second.stderr[-3000:]
+  workdir = next(a.split('=', 1)[1] for a in args if a.startswith('--workdir'))
+  with open(os.path.join(workdir, 'metrics.json')) as f:
+    return first, second.stderr, json.load(f)
+
+
+def _check_resumed_in_the_second_stage(first, second, metrics):
+  # Each size compiled once: 32 px, then 64 px a second program.
+  assert 'Compiled the training step for 32 px: 1 program(s)' in first
+  assert 'Compiled the training step for 64 px: 2 program(s)' in first
+  stopped = int(re.search(r'checkpoint of step (\d+) committed', first)
+                .group(1))
+  assert 32 < stopped < 64, first[-3000:]
+  assert f'Resuming at step {stopped} of 64' in second
+  assert re.search(r'Progressive learning, stage 2/2: steps 32-64, 64 px, '
+                   rf'.* \(resumed at step {stopped}\)', second), second[-3000:]
+  assert 'stage 1/2' not in second.split('Resuming at step')[1]
+  # The resumed run compiled its stage's size alone.
+  assert metrics['train_programs_compiled'] == 1
+  assert metrics['total_steps'] == 64 and metrics['initial_step'] == stopped
+
+
+# In the JAX environment (CI's JAX tier) the JAX backend's run, in
+# TensorFlow's (the slow tier) TensorFlow's.
+ON_JAX = os.environ.get('KERAS_BACKEND') == 'jax'
+
+
+@pytest.mark.slow  # Three compiles and two runs: CI's slow tiers.
+def test_a_run_stopped_in_its_second_stage_resumes_there(tfds_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  args = (jax_args(workdir, tfds_dir, '--config.examples_per_epoch=0',
+                   '--config.train_split=train[:256]', *_STAGED) if ON_JAX
+          else tiny_args(workdir, tfds_dir, *_STAGED))
+  _check_resumed_in_the_second_stage(
+      *_stopped_in_the_second_stage_and_resumed(args))
