@@ -29,6 +29,9 @@ class Execution:
   total_steps: int
   seconds: float  # Wall time of the call, input waits included.
   outputs: dict  # Floats: mean 'loss', 'accuracy', 'grad_norm'; 'input_wait_s'.
+  # It traced and compiled the step anew (the run's first execution, a
+  # stage's new size): its time is no measure of the step's.
+  compiled: bool = False
 
   @property
   def num_steps(self):

@@ -205,10 +205,12 @@ def run_loop(trainer, batches, plan, initial_step, periodic_actions):
     if step < plan.frozen_steps:
       end = min(end, plan.frozen_steps)
     num_steps = end - step
+    iterator, programs = batches.at(step), trainer.compiled_programs()
     start = time.perf_counter()
-    outputs = trainer.train(batches.at(step), num_steps)
-    execution = actions.Execution(step, step + num_steps, plan.total_steps,
-                                  time.perf_counter() - start, outputs)
+    outputs = trainer.train(iterator, num_steps)
+    execution = actions.Execution(
+        step, step + num_steps, plan.total_steps, time.perf_counter() - start,
+        outputs, compiled=trainer.compiled_programs() > programs)
     try:
       for action in periodic_actions:
         action(execution)

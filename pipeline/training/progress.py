@@ -22,8 +22,9 @@ CURVE_POINTS = 200
 class Meter:
   """Throughput and input wait, over a window and over the whole run.
 
-  The first execution traces and compiles; it is timed apart and never
-  counted in throughput.
+  The first execution traces and compiles, as does a stage's first at a
+  new size (progressive learning); they are timed apart and never counted
+  in throughput.
   """
 
   def __init__(self, global_batch_size):
@@ -32,9 +33,9 @@ class Meter:
     self.total = [0, 0.0, 0.0]  # steps, seconds, input wait seconds
     self.window = [0, 0.0, 0.0]
 
-  def add(self, steps, seconds, wait_s):
-    if self.compile_s is None:
-      self.compile_s = seconds
+  def add(self, steps, seconds, wait_s, compiled=False):
+    if self.compile_s is None or compiled:
+      self.compile_s = (self.compile_s or 0.0) + seconds
       return
     for totals in (self.total, self.window):
       totals[0] += steps
@@ -115,7 +116,7 @@ class ReportProgress:
   def __call__(self, execution):
     first = self.meter.compile_s is None
     self.meter.add(execution.num_steps, execution.seconds,
-                   execution.outputs['input_wait_s'])
+                   execution.outputs['input_wait_s'], execution.compiled)
     self.skipped_records += int(execution.outputs.get('skipped_records', 0))
     if first:
       logging.info('First execution (tracing and compiling included): %.1f s',

@@ -21,7 +21,6 @@ class StagedInput:
   def __init__(self, plan, trainer, service_job):
     self.plan, self.trainer, self.service_job = plan, trainer, service_job
     self.stage, self.iterator = None, None
-    self.compiled = trainer.compiled_programs()
 
   def at(self, step):
     stage = progressive.stage_at(self.plan.stages, step)
@@ -51,9 +50,7 @@ class StagedInput:
   def after_execution(self, execution):
     """A periodic action: logs the programs the step has compiled in this
     run, where the execution compiled one more (a stage's first size)."""
-    del execution
-    compiled = self.trainer.compiled_programs()
-    if compiled > self.compiled and len(self.plan.stages) > 1:
+    if execution.compiled and len(self.plan.stages) > 1:
       logging.info('Compiled the training step for %d px: %d program(s) in '
-                   'this run', self.stage.image_size, compiled)
-    self.compiled = compiled
+                   'this run', self.stage.image_size,
+                   self.trainer.compiled_programs())
