@@ -19,6 +19,10 @@
   # The same model on each Keras backend, side by side (JAX environment).
   python -m launch.benchmark --backends=tensorflow,jax --num_executions=3
 
+  # Time to accuracy: the config as it is, then with progressive learning
+  # (its progressive_stages, else 2), each a whole run evaluated each epoch.
+  python -m launch.benchmark --time_to_accuracy --config.image_size=64
+
 Prints a table and writes it as JSON (--output, default under runs/). Same hardware and config
 flags as launch.train.
 """
@@ -42,6 +46,7 @@ from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.run import plan
 from pipeline.reports import saved_measurements
+from pipeline.reports import time_to_accuracy
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 
@@ -79,6 +84,17 @@ _NAMED_BACKENDS = [name for name in backends.BACKENDS if name != 'auto']
 flags.register_validator(
     'backends', lambda names: set(names) <= set(_NAMED_BACKENDS),
     f'--backends takes {", ".join(_NAMED_BACKENDS)} or both')
+_TIME_TO_ACCURACY = flags.DEFINE_bool(
+    'time_to_accuracy', False, 'Instead: train the config as it is and again '
+    'with progressive learning (its progressive_stages, else 2), one after '
+    'the other, and say how long each took to the fixed run\'s final '
+    'accuracy; the runs are kept under the --output file\'s folder.')
+# What is launch.benchmark's own, not launch.train's: left out of the runs
+# --time_to_accuracy starts.
+_OWN_FLAGS = ('--num_executions', '--output', '--input_only', '--policies',
+              '--save_policy', '--nosave_policy', '--xla_settings',
+              '--backends', '--target_images_per_sec', '--time_to_accuracy',
+              '--notime_to_accuracy')
 _TARGET = flags.DEFINE_float(
     'target_images_per_sec', 0,
     'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
@@ -88,7 +104,15 @@ _TARGET = flags.DEFINE_float(
 def main(config):
   request = cli.request(config, workdir_default=False)
   failed = ()
-  if _BACKENDS.value:
+  output = _OUTPUT.value or os.path.join(
+      'runs', time.strftime('benchmark-%Y%m%d-%H%M%S.json'))
+  if _TIME_TO_ACCURACY.value:
+    stages = config.progressive_stages if config.progressive_stages > 1 else 2
+    result = time_to_accuracy.measure(
+        [a for a in sys.argv[1:] if not a.startswith(_OWN_FLAGS)], stages,
+        os.path.splitext(output)[0])
+    text = result['line']
+  elif _BACKENDS.value:
     gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value,
                                              _BACKENDS.value)
     result = benchmark.across_backends(_BACKENDS.value, _child_args())
@@ -101,8 +125,6 @@ def main(config):
   else:
     result, text = _one_run(config, request)
   print(text)
-  output = _OUTPUT.value or os.path.join(
-      'runs', time.strftime('benchmark-%Y%m%d-%H%M%S.json'))
   os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
   workdirs.write_json(output, result)
   print(f'written to {output}')

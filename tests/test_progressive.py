@@ -146,3 +146,33 @@ def test_a_run_stopped_in_its_second_stage_resumes_there(tfds_dir, tmp_path):
           else tiny_args(workdir, tfds_dir, *_STAGED))
   _check_resumed_in_the_second_stage(
       *_stopped_in_the_second_stage_and_resumed(args))
+
+
+@pytest.mark.slow  # Two whole runs: CI's slow tier.
+def test_time_to_accuracy_trains_both_and_ends_in_its_line(tfds_dir, tmp_path):
+  from conftest import run_module  # pylint: disable=g-import-not-at-top
+  output = tmp_path / 'tta.json'
+  result = run_module(
+      'launch.benchmark', '--time_to_accuracy', f'--output={output}',
+      '--num_executions=2', *tiny_args(tmp_path / 'ignored', tfds_dir,
+                                       '--config.image_size=64',
+                                       '--config.epochs=4'), timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  last = result.stdout.strip().splitlines()[-2]  # Then 'written to ...'.
+  assert re.fullmatch(
+      r'time to accuracy: (progressive/fixed = \d+\.\d\d \(fixed reached '
+      r'(0\.\d{4}) in \d+ s; progressive reached \2 in \d+ s, final '
+      r'0\.\d{4}\)|progressive never reached 0\.\d{4} .*)', last), last
+  figures = json.loads(output.read_text())
+  runs = figures['runs']
+  assert figures['target_accuracy'] == runs['fixed']['final_accuracy']
+  # Evaluated each of the 4 epochs, the last being the final evaluation.
+  for label in ('fixed', 'progressive'):
+    assert [step for _, step, _ in runs[label]['curve']] == [8, 16, 24, 32]
+    assert runs[label]['curve'][-1][2] == runs[label]['final_accuracy']
+    assert os.path.exists(os.path.join(runs[label]['workdir'],
+                                       'metrics.json'))
+  progressive_run = json.loads(open(os.path.join(
+      runs['progressive']['workdir'], 'run.json')).read())
+  assert [s['image_size'] for s in
+          progressive_run['resolved']['progressive_stages']] == [32, 64]
