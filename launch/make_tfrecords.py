@@ -49,6 +49,14 @@ _NUM_FILES = flags.DEFINE_integer('num_files', 4, 'Files per split.')
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', 0,
                                    'Resize to this square size; 0 keeps it.')
 _FORMAT = flags.DEFINE_enum('format', 'jpeg', ['jpeg', 'png'], 'Encoding.')
+_MAX_SIDE = flags.DEFINE_integer(
+    'max_side', 0, 'Resize every image larger than this, its aspect kept, so '
+    'its longer side is this many pixels, and store it as a JPEG of '
+    '--quality (random-resized crops need the aspect; a smaller JPEG '
+    'decodes faster); 0 keeps each as it is.', lower_bound=0)
+_QUALITY = flags.DEFINE_integer(
+    'quality', 90, 'JPEG quality of what is re-encoded (--max_side, '
+    '--image_size).', lower_bound=1, upper_bound=100)
 _LABEL_OFFSET = flags.DEFINE_integer(
     'label_offset', 0, 'Added to every label (1 mimics ImageNet files).')
 _FROM_DIR = flags.DEFINE_string(
@@ -72,12 +80,19 @@ def from_dir(output_dir):
   for split, prefix in (('train', 'train'), ('eval', 'eval')):
     path = os.path.join(output_dir, prefix)
     count = tfrecords.write_shards(
-        path, _NUM_FILES.value,
-        ((listed_files.read_bytes(name), label + _LABEL_OFFSET.value)
-         for name, label in files[split]))
+        path, _NUM_FILES.value, _bounded(
+            (listed_files.read_bytes(name), label + _LABEL_OFFSET.value)
+            for name, label in files[split]))
     logging.info('Wrote %d %s images of %d classes to %s-*', count, split,
                  len(names), path)
   tfrecords.write_labels(output_dir, names)
+
+
+def _bounded(examples):
+  """(encoded, label) pairs, each image within --max_side where set."""
+  for encoded, label in examples:
+    yield ((tfrecords.bounded(encoded, _MAX_SIDE.value, _QUALITY.value)
+            if _MAX_SIDE.value else encoded), label)
 
 
 def main(argv):
@@ -96,7 +111,8 @@ def main(argv):
     for prefix, count, seed in (('train', _NUM_EXAMPLES.value, 0),
                                 ('eval', max(_NUM_EXAMPLES.value // 10, 1), 1)):
       path = os.path.join(_OUTPUT_DIR.value, prefix)
-      mean = photos.write(path, count, _NUM_FILES.value, seed=seed)
+      mean = photos.write(path, count, _NUM_FILES.value, seed=seed,
+                          transform=_bounded)
       logging.info('Wrote %d photographs (%.0f KiB each on average) to %s-*',
                    count, mean / 1024, path)
     return
@@ -104,7 +120,8 @@ def main(argv):
     count = tfrecords.export_tfds(
         _DATASET.value, _DATA_DIR.value, split,
         os.path.join(_OUTPUT_DIR.value, prefix), _NUM_FILES.value,
-        _IMAGE_SIZE.value, _FORMAT.value, _LABEL_OFFSET.value)
+        _IMAGE_SIZE.value, _FORMAT.value, _LABEL_OFFSET.value,
+        transform=_bounded, quality=_QUALITY.value)
     logging.info('Wrote %d %s examples to %s-*', count, split,
                  os.path.join(_OUTPUT_DIR.value, prefix))
 

@@ -132,3 +132,27 @@ def test_benchmark_of_the_input_alone_against_a_target(jpeg_dir, tmp_path):
   assert re.search(r'^\d\d:\d\d:\d\d Run: CPU', result.stderr, re.M)
   assert not ABSL_INFO.search(result.stderr), result.stderr[-3000:]
   assert 'Input file read error' not in result.stderr
+
+
+def test_max_side_stores_each_photograph_within_it_aspect_kept(tmp_path):
+  """--max_side: the longer side at most N, the aspect kept, JPEG at
+  --quality; a smaller image only re-encoded where it is no JPEG."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  full, small = tmp_path / 'full', tmp_path / 'small'
+  for root, extra in ((full, ()), (small, ('--max_side=160', '--quality=80'))):
+    result = run_module('launch.make_tfrecords', '--dataset=photos',
+                        '--num_examples=12', '--num_files=2',
+                        f'--output_dir={root}', *extra)
+    assert result.returncode == 0, result.stderr[-2000:]
+  shapes = {}
+  for root in (full, small):
+    records = tf.data.TFRecordDataset(sorted(map(str, root.glob('train-*'))))
+    shapes[root] = [tuple(tf.io.decode_jpeg(tfrecords.parse(r)[0]).shape[:2])
+                    for r in records]
+  assert len(shapes[full]) == len(shapes[small]) == 12
+  for (height, width), (h, w) in zip(shapes[full], shapes[small]):
+    assert max(height, width) > 160 and max(h, w) == 160
+    assert abs(height / width - h / w) < 0.02, ((height, width), (h, w))
+  jpeg = tfrecords.bounded(tf.io.encode_png(tf.zeros((20, 30, 3), tf.uint8))
+                           .numpy(), 160, 90)
+  assert tf.io.is_jpeg(jpeg) and tf.io.decode_jpeg(jpeg).shape == (20, 30, 3)

@@ -46,15 +46,22 @@ def make_jpegs(num_images, seed=0):
     yield tf.io.encode_jpeg(image, quality=int(rng.integers(80, 96))).numpy()
 
 
-def write(output_prefix, num_images, num_files, num_classes=10, seed=0):
-  """Writes the set as TFRecord files `{prefix}-0000i-of-0000n`; returns the
-  mean encoded size in bytes."""
+def write(output_prefix, num_images, num_files, num_classes=10, seed=0,
+          transform=lambda examples: examples):
+  """Writes the set as TFRecord files `{prefix}-0000i-of-0000n`, each
+  (image, label) pair through `transform` (a resize); returns the mean
+  encoded size in bytes of what was written."""
   sizes = []
 
   def labelled():
     for index, encoded in enumerate(make_jpegs(num_images, seed)):
-      sizes.append(len(encoded))
       yield encoded, index % num_classes
 
-  tfrecords.write_shards(output_prefix, num_files, labelled())
+  def measured(examples):
+    for encoded, label in examples:
+      sizes.append(len(encoded))
+      yield encoded, label
+
+  tfrecords.write_shards(output_prefix, num_files,
+                         measured(transform(labelled())))
   return sum(sizes) / max(num_images, 1)

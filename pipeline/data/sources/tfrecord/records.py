@@ -93,7 +93,8 @@ def parse(record):
 
 
 def export_tfds(dataset, data_dir, split, output_prefix, num_files,
-                image_size=0, image_format='jpeg', label_offset=0):
+                image_size=0, image_format='jpeg', label_offset=0,
+                transform=lambda examples: examples, quality=90):
   """Writes a tfds split as `num_files` TFRecord files; returns the count.
 
   Images are re-encoded as JPEG or PNG, optionally resized (to exercise
@@ -103,7 +104,7 @@ def export_tfds(dataset, data_dir, split, output_prefix, num_files,
   from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import
   builder = tfds.builder(dataset, data_dir=data_dir or None)
   builder.download_and_prepare()
-  encode = {'jpeg': lambda x: tf.io.encode_jpeg(x, quality=90),
+  encode = {'jpeg': lambda x: tf.io.encode_jpeg(x, quality=quality),
             'png': tf.io.encode_png}[image_format]
 
   def prepare(image, label):
@@ -114,9 +115,30 @@ def export_tfds(dataset, data_dir, split, output_prefix, num_files,
 
   examples = builder.as_dataset(split=split, as_supervised=True).map(
       prepare, num_parallel_calls=tf.data.AUTOTUNE)
-  return write_shards(output_prefix, num_files,
-                      ((encoded, int(label)) for encoded, label in
-                       examples.as_numpy_iterator()))
+  return write_shards(output_prefix, num_files, transform(
+      (encoded, int(label)) for encoded, label in
+      examples.as_numpy_iterator()))
+
+
+def bounded(encoded, max_side, quality):
+  """An encoded image as a JPEG of `quality` whose longer side is at most
+  `max_side`, its aspect kept (FFCV's stored ImageNet, for random-resized
+  crops: they need the aspect, and a smaller JPEG decodes faster); an
+  image already within it is only re-encoded where it is no JPEG."""
+  image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+  height, width = int(image.shape[0]), int(image.shape[1])
+  scale = max_side / max(height, width)
+  if scale >= 1:
+    if tf.io.is_jpeg(encoded):
+      return encoded
+    return tf.io.encode_jpeg(image, quality=quality).numpy()
+  size = (max(1, round(height * scale)), max(1, round(width * scale)))
+  # Antialiased, as PIL's and FFCV's downscaling: a plain bilinear resize
+  # of a 4x smaller image aliases.
+  resized = tf.image.resize(image, size, antialias=True)
+  return tf.io.encode_jpeg(tf.cast(tf.clip_by_value(tf.round(resized), 0,
+                                                    255), tf.uint8),
+                           quality=quality).numpy()
 
 
 def write_shards(output_prefix, num_files, examples):
