@@ -134,6 +134,10 @@ def test_tf_data_stays_the_default_and_auto_takes_dali_only_where_measured():
      '--config.dataset=tfrecord (write them with launch.make_tfrecords)'),
     (dict(cutmix_alpha=1.0), 'mixup and CutMix run in tf.data'),
     (dict(data_service='grpc://d:5050'), 'a tf.data service runs tf.data'),
+    (dict(augment='inception_autoaugment'), 'AutoAugment '
+     '(augment=inception_autoaugment) runs in tf.data'),
+    (dict(progressive_stages=2), 'progressive learning rebuilds the input at '
+     "each stage's size, which tf.data does"),
     (dict(augment='inception_randaugment', randaugment_magnitude=7.5),
      'its RandAugment takes whole magnitudes, not randaugment_magnitude=7.5'),
     (dict(train_files='gs://b/train-*'), 'DALI reads local files, not '

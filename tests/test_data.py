@@ -12,6 +12,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
+from PIL import ImageEnhance
+from PIL import ImageOps
 
 from configs import default
 from pipeline.data import augmentations
@@ -558,3 +560,34 @@ def test_randaugment_settings_that_cannot_run_are_one_line(overrides, message):
   with pytest.raises(UserError, match=re.escape(message)):
     augmentations.AUGMENTATIONS.check(config)
   augmentations.AUGMENTATIONS.check(_config(augment='inception', **overrides))
+
+
+@pytest.mark.parametrize('name, level, pil', [
+    ('Equalize', 0, lambda im: ImageOps.equalize(im)),
+    ('AutoContrast', 0, lambda im: ImageOps.autocontrast(im)),
+    ('Invert', 0, lambda im: ImageOps.invert(im)),
+    ('Solarize', 5, lambda im: ImageOps.solarize(im, 128)),
+    ('Posterize', 10, lambda im: ImageOps.posterize(im, 4)),
+    ('Color', 5, lambda im: ImageEnhance.Color(im).enhance(1.0)),
+])
+def test_autoaugment_operations_compute_what_pil_does(name, level, pil):
+  from pipeline.data.augmentations import autoaugment  # pylint: disable=g-import-not-at-top
+  image = np.random.RandomState(0).randint(30, 200, (24, 24, 3)).astype(
+      np.uint8)
+  ours = autoaugment._operation(name, level, 24)(tf.constant(image)).numpy()  # pylint: disable=protected-access
+  assert ours.dtype == np.uint8
+  # Within a level: PIL's lookup tables round a product that lands on 255.
+  theirs = np.asarray(pil(Image.fromarray(image))).astype(int)
+  assert np.abs(ours.astype(int) - theirs).max() <= 1
+
+
+def test_autoaugment_v0_draws_its_sub_policies_and_keeps_the_image_shape():
+  from pipeline.data.augmentations import autoaugment  # pylint: disable=g-import-not-at-top
+  image = tf.constant(_image(2, size=32)[:, :32])
+  policy = autoaugment.policy_v0(32)
+  tf.random.set_seed(1)
+  outputs = [policy(image).numpy() for _ in range(40)]
+  assert all(o.shape == (32, 32, 3) and o.dtype == np.uint8 for o in outputs)
+  changed = sum(not np.array_equal(o, image.numpy()) for o in outputs)
+  assert 20 <= changed < 40, changed  # Some draws leave an image as it is.
+  assert len(autoaugment.POLICY_V0) == 25

@@ -60,6 +60,10 @@ def refusal(config, source):
             f'eval_image_size={config.eval_image_size}: set '
             f'--config.eval_image_size={config.image_size}, or '
             '--config.input_pipeline=tf.data')
+  if augmentations.of(config).autoaugment:
+    return ('AutoAugment (augment=inception_autoaugment) runs in tf.data: '
+            '--config.input_pipeline=tf.data, or augment='
+            'inception_randaugment')
   if config.progressive_stages:
     return ('progressive learning rebuilds the input at each stage\'s size, '
             'which tf.data does: --config.input_pipeline=tf.data')

@@ -58,6 +58,8 @@ class Augmentation(parts.Part):
   flips: bool = False  # Left and right, at random.
   # RandAugment's operations (randaugment_layers of randaugment_magnitude).
   randaugment: bool = False
+  # AutoAugment's ImageNet policy, tensorflow/tpu's v0 (autoaugment.py).
+  autoaugment: bool = False
 
   @property
   def keys(self):
@@ -102,6 +104,9 @@ for _augmentation in (
     Augmentation('inception_randaugment', 'inception, then RandAugment '
                  '(randaugment_layers operations of randaugment_magnitude)',
                  inception_crop=True, flips=True, randaugment=True),
+    Augmentation('inception_autoaugment', "inception, then tensorflow/tpu's "
+                 'AutoAugment policy v0 (tf.data only)', inception_crop=True,
+                 flips=True, autoaugment=True),
 ):
   AUGMENTATIONS.register(_augmentation)
 

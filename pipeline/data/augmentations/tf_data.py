@@ -7,6 +7,7 @@ import keras
 import tensorflow as tf
 
 from pipeline.data import decode
+from pipeline.data.augmentations import autoaugment
 
 
 def augmenter(augmentation, size, crop, randaugment=None):
@@ -14,6 +15,8 @@ def augmenter(augmentation, size, crop, randaugment=None):
   (the table in __init__.py), in order; `randaugment`: its RandAugment's
   settings, where it has one. `crop`: the image is whole (a decoded cache's)
   and the random crop is taken here; otherwise decoding took it."""
+  if augmentation.autoaugment:
+    policy = autoaugment.policy_v0(size)
   if augmentation.randaugment:
     operations = keras.layers.RandAugment(
         value_range=(0, 255), num_ops=randaugment.layers,
@@ -31,6 +34,8 @@ def augmenter(augmentation, size, crop, randaugment=None):
       image = tf.image.random_flip_left_right(image)
     if augmentation.randaugment:
       image = decode.to_uint8(operations(image))
+    if augmentation.autoaugment:
+      image = policy(image)
     return image
 
   return augment
