@@ -408,8 +408,10 @@ def check_onnx_agrees_with_the_saved_model(export_dir):
 
 def check_exports_agree(export_dir, other_dir, atol):
   """Two exports' SavedModels on the same uint8 images: probabilities within
-  `atol`, and the same metadata.json."""
+  `atol`, and the same metadata.json but for what each export measured of
+  its own ONNX file (each within the export's tolerance)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from pipeline.reports import export  # pylint: disable=g-import-not-at-top
   from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   images = np.random.RandomState(2).randint(0, 256, (4, 32, 32, 3)).astype(
       np.uint8)
@@ -419,6 +421,8 @@ def check_exports_agree(export_dir, other_dir, atol):
                              atol=atol)
   metadata = [workdirs.read_json(os.path.join(path, 'metadata.json'))
               for path in (export_dir, other_dir)]
+  measured = [m.pop('onnx_max_difference', None) for m in metadata]
+  assert all(d is None or d <= export.ONNX_TOLERANCE for d in measured)
   assert metadata[0] == metadata[1]
 
 
