@@ -49,7 +49,6 @@ class InputSpec:
     stage where any mixes. A file cache holds each size apart."""
     return dataclasses.replace(
         self, image_size=image_size, mixup_alpha=mixup_alpha,
-        soft_labels=self.soft_labels,
         randaugment=dataclasses.replace(self.randaugment,
                                         magnitude=randaugment_magnitude),
         cache=(f'{self.cache}-{image_size}px'
