@@ -138,8 +138,8 @@ def _lowered_on_jax(trainer, train, evaluation):
   for name, program in programs:
     program.lower(trainer.state, images, labels)
     done.append(name)
-  trainer.eval_program.lower(trainer.state['trainable'],
-                             trainer.state['non_trainable'],
+  trainer.eval_program.lower(trainer.state.trainable,
+                             trainer.state.non_trainable,
                              *strategy.to_devices(next(evaluation)))
   done.insert(1, 'evaluate')
   return done

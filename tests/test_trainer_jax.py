@@ -81,7 +81,7 @@ def _run(step, strategy, state, images, labels, num_steps):
 def test_two_devices_take_the_whole_batch_step():
   model, optimizer, strategy, _, state = _setup()
   assert strategy.num_replicas_in_sync == 2
-  kernel, bias = [np.asarray(v) for v in state['trainable']]
+  kernel, bias = [np.asarray(v) for v in state.trainable]
   images, labels = _batches(1)
   program = programs.train_step(model, optimizer, OBJECTIVE, strategy,
                                 None)
@@ -92,12 +92,12 @@ def test_two_devices_take_the_whole_batch_step():
     return -jnp.mean(jax.nn.log_softmax(logits)[np.arange(8), labels[0]])
 
   grads = jax.grad(loss, argnums=(0, 1))(kernel, bias)
-  np.testing.assert_allclose(state['trainable'][0], kernel - 0.5 * grads[0],
+  np.testing.assert_allclose(state.trainable[0], kernel - 0.5 * grads[0],
                              rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(state['trainable'][1], bias - 0.5 * grads[1],
+  np.testing.assert_allclose(state.trainable[1], bias - 0.5 * grads[1],
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(outputs['loss'], loss(kernel, bias), rtol=1e-5)
-  assert int(state['step']) == 1
+  assert int(state.step) == 1
 
 
 def test_micro_batches_make_the_same_update():
@@ -107,7 +107,7 @@ def test_micro_batches_make_the_same_update():
     program = programs.train_step(model, optimizer, OBJECTIVE, strategy,
                                   None, accumulation=accumulation)
     state, outputs = _run(program, strategy, state, *_batches(3), 3)
-    out.extend([np.asarray(state['trainable'][0]), float(outputs['loss'])])
+    out.extend([np.asarray(state.trainable[0]), float(outputs['loss'])])
   np.testing.assert_allclose(micro[0], whole[0], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(micro[1], whole[1], rtol=1e-5)
 
@@ -121,7 +121,7 @@ def test_an_execution_runs_exactly_the_steps_asked_and_learns():
   # 8 steps per execution, 5 of them asked for: a short last execution.
   outputs = trainer.train(iter([(images[0], labels[0])] * 20), 5)
   assert trainer.step == 6
-  assert int(trainer.state['optimizer'][0]) == 6  # SGD's iterations.
+  assert int(trainer.state.optimizer[0]) == 6  # SGD's iterations.
   losses = outputs['step_losses']
   assert losses.shape == (5,) and outputs['loss'] == pytest.approx(
       losses.mean())
@@ -135,11 +135,11 @@ def test_the_moving_average_warms_up_as_the_tensorflow_one():
                                                   ema_decay=0.99)
   program = programs.train_step(model, optimizer, OBJECTIVE, strategy,
                                 ema)
-  start = np.asarray(state['trainable'][0])
+  start = np.asarray(state.trainable[0])
   state, _ = _run(program, strategy, state, *_batches(1), 1)
   decay = min(0.99, 2 / 11)  # (1 + n) / (10 + n) after the first update.
-  expected = decay * start + (1 - decay) * np.asarray(state['trainable'][0])
-  np.testing.assert_allclose(ema.values(state['ema'])[0], expected, rtol=1e-5,
+  expected = decay * start + (1 - decay) * np.asarray(state.trainable[0])
+  np.testing.assert_allclose(ema.values(state.ema)[0], expected, rtol=1e-5,
                              atol=1e-7)
 
 
@@ -171,7 +171,7 @@ def test_the_gradient_norm_is_the_whole_batchs_unscaled_and_unclipped(
   optimizer.build(model.trainable_variables)
   strategy = mesh.DataParallel(jax.devices())
   state = _state(model, optimizer, strategy)
-  kernel, bias = [np.asarray(v) for v in state['trainable']]
+  kernel, bias = [np.asarray(v) for v in state.trainable]
   images, labels = _batches(1)
 
   def loss(kernel, bias):
@@ -187,7 +187,7 @@ def test_the_gradient_norm_is_the_whole_batchs_unscaled_and_unclipped(
   assert expected > 1e-2  # Far above the clip: clipping shows.
   assert float(grad_norm) == pytest.approx(expected, rel=1e-5)
   moved = np.sqrt(sum(np.sum((np.asarray(new) - old) ** 2) for new, old in
-                      zip(state['trainable'], (kernel, bias))))
+                      zip(state.trainable, (kernel, bias))))
   assert moved == pytest.approx(1e-3, rel=1e-3)  # lr 1 x the clipped norm.
 
 
@@ -198,13 +198,13 @@ def test_an_overflow_skips_the_update_and_halves_the_loss_scale():
   applied-update count stay) and halves the scale; the step counter still
   counts it."""
   program, strategy, state, place = _float16_setup(3e38, 1000)
-  kernel = np.asarray(state['trainable'][0])
+  kernel = np.asarray(state.trainable[0])
   images, labels = _batches(1)
   state, outputs = _run(program, strategy, state, images * 1000, labels, 1)
-  np.testing.assert_array_equal(state['trainable'][0], kernel)
-  assert float(state['optimizer'][place['dynamic_scale']]) == np.float32(1.5e38)
-  assert int(state['optimizer'][place['iterations']]) == 0
-  assert int(state['step']) == 1 and np.isfinite(outputs['loss'])
+  np.testing.assert_array_equal(state.trainable[0], kernel)
+  assert float(state.optimizer[place['dynamic_scale']]) == np.float32(1.5e38)
+  assert int(state.optimizer[place['iterations']]) == 0
+  assert int(state.step) == 1 and np.isfinite(outputs['loss'])
 
 
 def test_the_loss_scale_doubles_after_its_growth_steps_of_good_ones():
@@ -214,15 +214,15 @@ def test_the_loss_scale_doubles_after_its_growth_steps_of_good_ones():
   scales = []
   for _ in range(4):
     state, _ = _run(program, strategy, state, *_batches(1), 1)
-    scales.append(float(state['optimizer'][place['dynamic_scale']]))
+    scales.append(float(state.optimizer[place['dynamic_scale']]))
   assert scales == [1024.0, 1024.0, 2048.0, 2048.0]
-  assert int(state['optimizer'][place['iterations']]) == 4
+  assert int(state.optimizer[place['iterations']]) == 4
   model, optimizer, strategy, _, unscaled = _setup()
   plain = programs.train_step(model, optimizer, OBJECTIVE, strategy,
                               None)
   for _ in range(4):
     unscaled, _ = _run(plain, strategy, unscaled, *_batches(1), 1)
-  np.testing.assert_allclose(state['trainable'][0], unscaled['trainable'][0],
+  np.testing.assert_allclose(state.trainable[0], unscaled['trainable'][0],
                              rtol=1e-5, atol=1e-6)
 
 
@@ -262,7 +262,7 @@ def test_a_step_holds_nothing_that_waits_on_the_host(schedule):
 
   grads = [jnp.ones(v.shape) for v in model.trainable_variables]
   keras_apply = jax.jit(optimizer.stateless_apply).lower(
-      state['optimizer'], grads, state['trainable']).compile()
+      state.optimizer, grads, state.trainable).compile()
   assert any(' conditional(' in l for l in _host_waits(keras_apply))
 
 
@@ -341,9 +341,9 @@ def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   assert sum(in_backbone) == 6 and sum(slot_in_backbone) == 8  # 4 x m, v.
 
   def values(state):
-    return ([np.asarray(x) for x in state['trainable'] +
-             state['non_trainable']],
-            [np.asarray(x) for x in state['optimizer']])
+    return ([np.asarray(x) for x in state.trainable +
+             state.non_trainable],
+            [np.asarray(x) for x in state.optimizer])
 
   before, slots_before = values(state)
   state, _ = _run(frozen, strategy, state, *_batches(2), 2)
@@ -353,7 +353,7 @@ def test_a_frozen_backbone_stays_as_it_is_until_it_thaws():
   for was, now, kept in zip(slots_before, slots_after, slot_in_backbone):
     if kept:
       assert np.array_equal(was, now)
-  assert int(state['step']) == 2 and int(state['optimizer'][0]) == 2
+  assert int(state.step) == 2 and int(state.optimizer[0]) == 2
 
   state, _ = _run(thawed, strategy, state, *_batches(1, seed=1), 1)
   thawed_values, _ = values(state)

@@ -63,7 +63,7 @@ def timed_step(probe, setup):
   """Compiles `setup`'s step for its batches, times it on batches already on
   the devices, keeps the program and the state it left (setup.compiled,
   setup.trained_state: each program donates what it takes); its figures."""
-  batches = probe.on_devices(probe.slots, setup.config)
+  batches = probe.on_devices(probe.slots, setup.shape)
   state = setup.state()
   setup.compiled, compile_s = _compiled_step(setup, state, batches)
   setup.batches = batches
@@ -74,7 +74,7 @@ def timed_step(probe, setup):
   return {'policy': setup.policy, 'compile_s': round(compile_s, 1),
           'first_execution_s': round(first_s, 2),
           'images_per_sec': round(probe.images(
-              probe.executions, config=setup.config) / seconds, 1),
+              probe.executions, batch=setup.shape[0]) / seconds, 1),
           'steps_per_execution': probe.slots,
           'global_batch_size': setup.config.global_batch_size}
 
@@ -84,7 +84,7 @@ def retimed(probe, setup):
   execution = _by_steps(setup.compiled)
   setup.trained_state, seconds = _timed(execution, setup.trained_state,
                                         setup.batches, probe.executions)
-  return probe.images(probe.executions, config=setup.config) / seconds
+  return probe.images(probe.executions, batch=setup.shape[0]) / seconds
 
 
 def device_rate(probe, policy):
@@ -199,9 +199,9 @@ def float16(probe, policy):
   setup = probe.setup('mixed_float16')
   figures = timed_step(probe, setup)
   place = programs.optimizer_places(setup.optimizer)
-  values = on_host({name: setup.trained_state['optimizer'][i]
+  values = on_host({name: setup.trained_state.optimizer[i]
                     for name, i in place.items()})
-  steps = int(on_host(setup.trained_state['step']))
+  steps = int(on_host(setup.trained_state.step))
   return {'compile_s': figures['compile_s'],
           'images_per_sec': figures['images_per_sec'],
           'final_loss_scale': float(values['dynamic_scale']),

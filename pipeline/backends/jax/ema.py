@@ -43,7 +43,7 @@ class MovingAverage:
 
   def of(self, state):
     """The averaged variables' current values in `state`."""
-    return [state[kind][index] for kind, index in self.places]
+    return [getattr(state, kind)[index] for kind, index in self.places]
 
   @staticmethod
   def flat(values):
@@ -61,23 +61,23 @@ class MovingAverage:
   def update(self, state, num_updates):
     """The averages' vector after one applied update (the `num_updates`th)."""
     decay = moving_average.decay_at(self.decay, num_updates)
-    average = state['ema']
+    average = state.ema
     return average - (1.0 - decay) * (average - self.flat(self.of(state)))
 
   def as_model_state(self, state):
     """(trainable, non_trainable) with the averages in place of the weights."""
-    trainable = list(state['trainable'])
-    non_trainable = list(state['non_trainable'])
+    trainable = list(state.trainable)
+    non_trainable = list(state.non_trainable)
     lists = {'trainable': trainable, 'non_trainable': non_trainable}
-    for (kind, index), average in zip(self.places,
-                                      self.values(state['ema'])):
+    for (kind, index), average in zip(self.places, self.values(state.ema)):
       lists[kind][index] = average
     return trainable, non_trainable
 
   def reset(self):
     """Starts the average at the model's current weights."""
     if self.trainer:  # A new array: the train program donates the state.
-      self.trainer.state['ema'] = self.flat(self.of(self.trainer.state))
+      state = self.trainer.state
+      self.trainer.state = state.replace(ema=self.flat(self.of(state)))
 
   @contextlib.contextmanager
   def applied_to_model(self, model, state):
@@ -89,6 +89,5 @@ class MovingAverage:
     try:
       yield
     finally:
-      for variable, value in zip(variables, on_host(
-          state['trainable'] + state['non_trainable'])):
+      for variable, value in zip(variables, on_host(state.weights())):
         variable.assign(value)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from pipeline.backends.jax.train_state import TrainState
 from pipeline.recipe import models
 from pipeline.recipe import objective as objective_lib
 
@@ -44,15 +45,13 @@ def initial_state(model, optimizer, strategy, step, ema_values=None):
   """The run's state as JAX arrays replicated on every device: the model's
   and the optimizer's variables, the `step` and the moving averages'
   `ema_values` (None: no average), flattened into one vector (ema.py)."""
-  state = {
-      'trainable': [v.value for v in model.trainable_variables],
-      'non_trainable': [v.value for v in model.non_trainable_variables],
-      'optimizer': [v.value for v in optimizer.variables],
-      'step': step,
-  }
-  if ema_values is not None:
-    state['ema'] = np.concatenate([np.ravel(np.asarray(v))
-                                   for v in ema_values])
+  state = TrainState(
+      trainable=[v.value for v in model.trainable_variables],
+      non_trainable=[v.value for v in model.non_trainable_variables],
+      optimizer=[v.value for v in optimizer.variables],
+      step=step,
+      ema=None if ema_values is None else np.concatenate(
+          [np.ravel(np.asarray(v)) for v in ema_values]))
   # Copies: the program donates the state's buffers, and an average that
   # starts as its weight (or a restored variable) may share one with it.
   return jax.device_put(jax.tree.map(np.array, state), strategy.replicated)
@@ -88,13 +87,13 @@ class _Phase:
 
   def split(self, state):
     """The state's values as this phase's (trainable, non_trainable)."""
-    values = state['trainable'] + state['non_trainable']
+    values = state.weights()
     return ([values[self.place[id(v)]] for v in self.trainable],
             [values[self.place[id(v)]] for v in self.non_trainable])
 
   def merge(self, state, trainable, non_trainable):
     """The state's (trainable, non_trainable) with this phase's values."""
-    values = list(state['trainable'] + state['non_trainable'])
+    values = state.weights()
     for variable, value in zip(self.trainable + self.non_trainable,
                                trainable + non_trainable):
       values[self.place[id(variable)]] = value
@@ -181,7 +180,7 @@ def gradient_program(model, optimizer, objective, strategy):
   gradient = _gradient_function(model, objective, _Phase(model, False))
 
   def loss_and_gradients(state, images, labels):
-    trainable, non_trainable = state['trainable'], state['non_trainable']
+    trainable, non_trainable = state.trainable, state.non_trainable
     (_, (_, _, loss)), grads = gradient(
         trainable, non_trainable, images,
         objective.targets(labels), 1.0)
@@ -224,7 +223,7 @@ def step_function(model, optimizer, objective, ema, frozen, accumulation):
     micro = lambda t: t.reshape(accumulation, -1, *t.shape[1:])
 
     trained, non_trainable = phase.split(state)
-    scale = (state['optimizer'][place['dynamic_scale']]
+    scale = (state.optimizer[place['dynamic_scale']]
              if 'dynamic_scale' in place else 1.0)
 
     def add(carry, part):
@@ -249,15 +248,15 @@ def step_function(model, optimizer, objective, ema, frozen, accumulation):
     # optimizer's and the average's kernels by them.
     with jax.named_scope('optimizer'):
       trainable, optimizer_state = phase.apply(
-          optimizer, state['optimizer'], trainable, grads)
+          optimizer, state.optimizer, trainable, grads)
     updates = optimizer_state[place['iterations']]
-    applied = updates > state['optimizer'][place['iterations']]
-    state = dict(state, trainable=trainable, non_trainable=non_trainable,
-                 optimizer=optimizer_state, step=state['step'] + 1)
+    applied = updates > state.optimizer[place['iterations']]
+    state = state.replace(trainable=trainable, non_trainable=non_trainable,
+                          optimizer=optimizer_state, step=state.step + 1)
     if ema:  # A step the loss scale skipped is no update of the average.
       with jax.named_scope('moving_average'):
-        state['ema'] = jnp.where(applied, ema.update(state, updates),
-                                 state['ema'])
+        state = state.replace(ema=jnp.where(
+            applied, ema.update(state, updates), state.ema))
     return state, (loss, correct, grad_norm)
 
   return one_step
