@@ -492,3 +492,10 @@ def emulator(tmp_path_factory):
     os.environ.pop('STORAGE_EMULATOR_HOST', None)
   else:
     os.environ['STORAGE_EMULATOR_HOST'] = previous
+
+
+def tensorflow_files(io_device=None, **trackables):
+  """Checkpointer's `files`: TensorFlow's own files of `trackables`."""
+  from pipeline.storage import checkpoint_files  # pylint: disable=g-import-not-at-top
+  return lambda directory, keep: checkpoint_files.TensorFlowFiles(
+      trackables, directory, keep, io_device)

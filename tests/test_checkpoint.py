@@ -16,11 +16,15 @@ from pipeline.storage.checkpoint import Checkpointer
 from pipeline.storage.checkpoint import UploadError
 from pipeline.errors import UserError
 
+from conftest import tensorflow_files
+
+
 
 def _checkpointer(url, staging, keep=2, timeout_s=60.0):
   workdir = workdirs.Workdir(url, str(staging), timeout_s=timeout_s)
   value = tf.Variable(0.0)
-  return Checkpointer(workdir, keep, True, value=value), value, workdir
+  return (Checkpointer(workdir, keep, True,
+                       files=tensorflow_files(value=value)), value, workdir)
 
 
 def test_commit_marker_last_newest_restored_old_pruned(emulator, tmp_path):
@@ -102,7 +106,7 @@ def test_a_reader_of_a_gs_workdir_leaves_no_folder_behind(emulator, tmp_path):
   workdir = workdirs.Workdir('gs://runs/read', str(tmp_path / 'b'),
                             timeout_s=60.0)
   read = tf.Variable(0.0)
-  reader = Checkpointer(workdir, 2, False, value=read)
+  reader = Checkpointer(workdir, 2, False, files=tensorflow_files(value=read))
   assert reader.restore_latest() == 7 and float(read.numpy()) == 7.0
   folder = reader.directory
   assert os.path.basename(folder).startswith('checkpoints-worker-')
@@ -127,13 +131,13 @@ def test_local_io_device_saves_and_restores(tmp_path):
   """
   workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(3.0)
-  saver = Checkpointer(workdir, 2, True, io_device='/job:localhost',
-                       value=value)
+  saver = Checkpointer(workdir, 2, True, files=tensorflow_files(
+      io_device='/job:localhost', value=value))
   saver.save(7)
   saver.wait()
   value.assign(0.0)
-  fresh = Checkpointer(workdir, 2, True, io_device='/job:localhost',
-                       value=value)
+  fresh = Checkpointer(workdir, 2, True, files=tensorflow_files(
+      io_device='/job:localhost', value=value))
   assert fresh.restore_latest() == 7 and float(value.numpy()) == 3.0
 
 
@@ -148,14 +152,14 @@ def test_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path):
   from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top
   workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(tf.zeros(1000))
-  saver = Checkpointer(workdir, 3, True, value=value)
+  saver = Checkpointer(workdir, 3, True, files=tensorflow_files(value=value))
   for step in (1, 2, 3):
     value.assign(tf.fill([1000], float(step)))
     saver.save(step)
   folder = tmp_path / 'run' / 'checkpoints'
   _truncate(next(folder.glob('ckpt-3.data-*')))
   value.assign(tf.zeros(1000))
-  fresh = Checkpointer(workdir, 3, True, value=value)
+  fresh = Checkpointer(workdir, 3, True, files=tensorflow_files(value=value))
   assert fresh.restore_latest() == 2
   assert float(value[0]) == 2.0
   assert sorted(p.name.split('.')[0] for p in (folder / 'damaged').iterdir()
@@ -166,7 +170,8 @@ def test_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path):
     _truncate(next(folder.glob(f'ckpt-{step}.data-*')))
   with pytest.raises(UserError, match=r'no checkpoint of .* restores: '
                      r'.*ckpt-2, .*ckpt-1 are damaged'):
-    Checkpointer(workdir, 3, True, value=value).restore_latest()
+    Checkpointer(workdir, 3, True,
+                 files=tensorflow_files(value=value)).restore_latest()
 
 
 def test_damaged_committed_checkpoint_on_gcs_is_set_aside(emulator, tmp_path):
@@ -198,10 +203,11 @@ def test_best_checkpoint_is_kept_when_accuracy_falls_late(tmp_path):
   from pipeline.training import actions  # pylint: disable=g-import-not-at-top
   workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(0.0)
-  rolling = Checkpointer(workdir, 1, True, value=value)
+  rolling = Checkpointer(workdir, 1, True, files=tensorflow_files(value=value))
   best = actions.KeepBest(
       'eval_accuracy', Checkpointer(workdir, 1, True,
-                                    series='checkpoints_best', value=value),
+                                    tensorflow_files(value=value),
+                                    series='checkpoints_best'),
       workdir, True)
   for step, accuracy in ((4, 0.5), (8, 0.7), (12, 0.6), (16, 0.65)):
     value.assign(float(step))
@@ -211,7 +217,8 @@ def test_best_checkpoint_is_kept_when_accuracy_falls_late(tmp_path):
                             'best_value': 0.7}
   assert tf.train.latest_checkpoint(str(tmp_path / 'run' / 'checkpoints')
                                     ).endswith('ckpt-16')
-  kept = Checkpointer(workdir, 1, True, series='checkpoints_best', value=value)
+  kept = Checkpointer(workdir, 1, True, tensorflow_files(value=value),
+                      series='checkpoints_best')
   assert kept.restore_latest() == 8 and float(value.numpy()) == 8.0
   # A resumed run compares with the recorded best, not from scratch.
   again = actions.KeepBest('eval_accuracy', kept, workdir, True)
@@ -262,7 +269,7 @@ def test_sigterm_during_a_log_write_is_not_lost(tmp_path):
   workdir = workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging'))
   value = tf.Variable(1.0)
   save_on_stop = preemption_lib.SaveOnStop(
-      Checkpointer(workdir, 1, True, value=value), workdir)
+      Checkpointer(workdir, 1, True, tensorflow_files(value=value)), workdir)
   read_end, write_end = os.pipe()
   stream = os.fdopen(write_end, 'w', buffering=1)  # As the launchers' is.
   log_to_pipe = std_logging.StreamHandler(stream)

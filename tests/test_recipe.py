@@ -23,6 +23,8 @@ from pipeline.backends.tensorflow import steps
 from pipeline.storage.checkpoint import Checkpointer
 from pipeline.storage.workdirs import Workdir
 
+from conftest import tensorflow_files
+
 NUM_CLASSES = 4
 BATCH = 8
 
@@ -213,15 +215,14 @@ def test_moving_average_follows_applied_updates_on_every_replica(mirrored):
 def test_a_checkpoint_without_an_average_starts_it_from_its_weights(tmp_path):
   workdir = Workdir(str(tmp_path), str(tmp_path))
   model = _dense_model()
-  Checkpointer(workdir, 2, True, model=model).save(3)
+  Checkpointer(workdir, 2, True, tensorflow_files(model=model)).save(3)
   saved = model.layers[-1].kernel.numpy()
   fresh = _dense_model()
   average = ema_lib.MovingAverage(fresh, 0.99)
   started = []
-  restorer = Checkpointer(workdir, 2, True, model=fresh,
-                          ema=average.trackable,
-                          if_missing={'ema': lambda path: (
-                              started.append(path), average.reset())})
+  restorer = Checkpointer(
+      workdir, 2, True, tensorflow_files(model=fresh, ema=average.trackable),
+      if_missing={'ema': lambda path: (started.append(path), average.reset())})
   assert restorer.restore_latest() == 3
   assert started == [str(tmp_path / 'checkpoints' / 'ckpt-3')]
   np.testing.assert_array_equal(
@@ -312,6 +313,7 @@ def test_the_linear_schedule_warms_up_then_falls_straight_to_zero(
   config = ml_collections.ConfigDict(dict(
       lr_schedule='linear', warmup_epochs=1.0, lr_decay_epochs=1.0,
       lr_decay_rate=0.97))
-  made = schedules.learning_rate_schedule(config, 0.3, 40, 10)
+  made = schedules.learning_rate_schedule(
+      schedules.SCHEDULES.settings(config), config.warmup_epochs, 0.3, 40, 10)
   assert [round(float(made(s)), 6) for s in (0, 5, 10, 25, 40)] == [
       0.0, 0.15, 0.3, 0.15, 0.0]

@@ -308,7 +308,7 @@ def test_float16_divergence_is_seen_through_the_loss_scale(tmp_path):
                                   NUM_CLASSES, 0, 'out of memory')
     checkpointer = Checkpointer(
         workdirs.Workdir(str(tmp_path / 'run'), str(tmp_path / 'staging')), 2,
-        True, model=model, optimizer=optimizer, step=step)
+        True, files=trainer.checkpoint_files)
     iterator = iter(_dataset(tf.distribute.InputContext()))
     trainer.train(iterator, 2)
     checkpointer.save(2)

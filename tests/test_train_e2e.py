@@ -19,7 +19,7 @@ from pipeline.rules.config import request as request_lib
 
 from conftest import REPO, check_exports_agree, check_progress_lines
 from conftest import run_module, run_train
-from conftest import tiny_args, tree_digest
+from conftest import tensorflow_files, tiny_args, tree_digest
 from test_console import ABSL_INFO, NOISE
 
 
@@ -137,7 +137,7 @@ def test_evaluate_reports_the_runs_accuracy(mirrored_run):
   from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   from pipeline.storage.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   reader = Checkpointer(workdirs.Workdir(workdir, workdir), 3, False,
-                        value=tf.Variable(0.0))
+                        tensorflow_files(value=tf.Variable(0.0)))
   with pytest.raises(UserError, match=r'has no committed checkpoint of step 5'
                      r'; committed: 16$'):
     reader.restore_step(5)

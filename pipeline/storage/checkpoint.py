@@ -37,9 +37,10 @@ class Checkpointer:
   can live beside the rolling one under its own retention.
   """
 
-  def __init__(self, workdir, max_to_keep, is_chief, io_device=None,
-               series='checkpoints', if_missing=None, files=None,
-               **trackables):
+  def __init__(self, workdir, max_to_keep, is_chief, files,
+               series='checkpoints', if_missing=None):
+    # `files(directory, keep)`: the local layer (checkpoint_files' classes,
+    # as the trainer gives them) in `directory`, keeping `keep`.
     # Trackables a checkpoint may lack (one saved before they existed: a
     # moving average turned on at a resume), and what to do then.
     self.if_missing = if_missing or {}
@@ -63,11 +64,7 @@ class Checkpointer:
     # A gs:// run keeps two local copies: enough to stage the next save
     # while the previous one uploads from its own hard-linked snapshot.
     local_keep = 2 if self.gcs else max_to_keep
-    # The local layer: `files(directory, keep)` (the trainer's), else
-    # TensorFlow's own files of `trackables`.
-    self.files = (files(self.directory, local_keep) if files else
-                  checkpoint_files.TensorFlowFiles(
-                      trackables, self.directory, local_keep, io_device))
+    self.files = files(self.directory, local_keep)
     self.is_chief = is_chief
     self.blocked_s = 0.0
 

@@ -74,26 +74,22 @@ class KerasFiles:
   """Keras files of `parts`: names mapped to what is saved under them (a
   model, an optimizer, Variables); restoring reads only those present here.
 
-  `before_save()` and `after_restore()` move a trainer's state into the
-  variables and back (the JAX trainer's arrays); `read_only`: the one line
-  a save raises instead (a run read by the other backend).
+  `read_only`: the one line a save raises instead (a run read by the other
+  backend). A trainer whose state lives elsewhere (the JAX trainer's
+  arrays) moves it into the variables before a save and back after a
+  restore itself, around these.
   """
 
-  def __init__(self, parts, directory, max_to_keep, before_save=None,
-               after_restore=None, read_only=None):
+  def __init__(self, parts, directory, max_to_keep, read_only=None):
     self.parts = parts
     self.directory = directory
     self.max_to_keep = max_to_keep
-    self.before_save = before_save
-    self.after_restore = after_restore
     self.read_only = read_only
     os.makedirs(directory, exist_ok=True)
 
   def save(self, step):
     if self.read_only:
       raise UserError(self.read_only)
-    if self.before_save:
-      self.before_save()
     path = os.path.join(self.directory, f'ckpt-{step}')
     temporary = os.path.join(self.directory, f'.saving-ckpt-{step}{SUFFIX}')
     saving_lib.save_weights_only(RunState(**self.parts), temporary)
@@ -127,8 +123,6 @@ class KerasFiles:
     saving_lib.load_weights_only(
         RunState(**{name: part for name, part in self.parts.items()
                     if name not in missing}), path + SUFFIX)
-    if self.after_restore:
-      self.after_restore(missing)
     return missing
 
 
@@ -188,9 +182,8 @@ class TensorFlowFileReader:
   written: `read_only` is the line a save raises.
   """
 
-  def __init__(self, roots, directory, read_only, after_restore=None):
-    self.roots, self.directory = roots, directory
-    self.read_only, self.after_restore = read_only, after_restore
+  def __init__(self, roots, directory, read_only):
+    self.roots, self.directory, self.read_only = roots, directory, read_only
 
   def save(self, step):
     raise UserError(self.read_only)
@@ -242,26 +235,23 @@ class TensorFlowFileReader:
     if unread:
       raise ValueError(f'{path} does not hold this model: {len(unread)} '
                        f'weights not found, e.g. {unread[0]}')
-    if self.after_restore:
-      self.after_restore(missing)
     return missing
 
 
-def reader(written_as, parts, directory, read_only, after_restore=None):
+def reader(written_as, parts, directory, read_only):
   """The reader of a run's checkpoints in Format `written_as` into `parts`:
   the model, and the step and moving average as Variables; never written
   (`read_only`: the line a save raises). `written_as` None (a run.json
   from before it named its format): the format its files are in."""
   readers = {
       Format.KERAS_WEIGHTS: lambda: KerasFiles(
-          parts, directory, 1, after_restore=after_restore,
-          read_only=read_only),
+          parts, directory, 1, read_only=read_only),
       # TensorFlow saves the step as a variable, the average as a list
       # `values`.
       Format.TF_CHECKPOINT: lambda: TensorFlowFileReader(
           dict(parts, **({'step': parts['step'].values[0]}
                          if 'step' in parts else {})),
-          directory, read_only, after_restore)}
+          directory, read_only)}
   if written_as is None:
     return _ByItsFiles(readers[Format.KERAS_WEIGHTS](),
                        readers[Format.TF_CHECKPOINT]())

@@ -3,9 +3,10 @@
 As Keras 3.15.1's JAX trainer (the pinned release's `_make_function`),
 an execution is a Python loop that
 dispatches one compiled step per batch (programs.py says why no program
-loops), with the state as JAX arrays (Keras' stateless_call and
-stateless_apply) written back into the Keras variables only to save or
-export. The next execution's batches move to the devices while the queued
+loops), with the state a pytree of JAX arrays (train_state.TrainState;
+Keras' stateless_call and stateless_apply) written into the Keras
+variables only to save or export: the trainer's own step before storage's
+save, and after its restore the reverse (_StateFiles). The next execution's batches move to the devices while the queued
 steps run (staging.py).
 
 The Trainer holds what the loop calls (interface.Trainer): the state, its
@@ -71,7 +72,7 @@ class Trainer:
 
   @property
   def step(self):
-    return int(on_host(self.state['step']))
+    return int(on_host(self.state.step))
 
   @property
   def skipped_steps(self):
@@ -89,7 +90,7 @@ class Trainer:
 
   def _optimizer_value(self, name):
     place = programs.optimizer_places(self.optimizer)[name]
-    return on_host(self.state['optimizer'][place])
+    return on_host(self.state.optimizer[place])
 
   def train(self, iterator, num_steps):
     """Dispatches `num_steps` steps (the interface's outputs), then stages
@@ -141,8 +142,8 @@ class Trainer:
   def evaluate(self, dataset, num_steps):
     """The interface's figures: the averaged weights' with a moving
     average (and the model's own as *_raw)."""
-    raw = self._evaluate(dataset, num_steps, self.state['trainable'],
-                         self.state['non_trainable'])
+    raw = self._evaluate(dataset, num_steps, self.state.trainable,
+                         self.state.non_trainable)
     if not self.ema:
       return raw
     trainable, non_trainable = self.ema.as_model_state(self.state)
@@ -172,12 +173,12 @@ class Trainer:
     """Writes the JAX state into the Keras variables (model, optimizer,
     step, averages): before a save, an export or a digest."""
     for variables, values in (
-        (self.model.trainable_variables, self.state['trainable']),
-        (self.model.non_trainable_variables, self.state['non_trainable']),
-        (self.optimizer.variables, self.state['optimizer']),
-        (self.step_variables.values, [self.state['step']]),
+        (self.model.trainable_variables, self.state.trainable),
+        (self.model.non_trainable_variables, self.state.non_trainable),
+        (self.optimizer.variables, self.state.optimizer),
+        (self.step_variables.values, [self.state.step]),
         (self.ema.variables.values if self.ema else [],
-         self.ema.values(self.state['ema']) if self.ema else [])):
+         self.ema.values(self.state.ema) if self.ema else [])):
       for variable, value in zip(variables, on_host(list(values))):
         variable.assign(value)
 
@@ -206,20 +207,17 @@ class Trainer:
     state, written back before each save and read back after each restore;
     or another format's (a run trained on TensorFlow), read into the model,
     the step and the moving average (evaluating needs no optimizer)."""
-    read_back = lambda missing: self.read_back()
     ema = {'ema': self.ema.variables} if self.ema else {}
     if written_as is not Format.KERAS_WEIGHTS:
-      return checkpoint_files.reader(
+      return _StateFiles(self, checkpoint_files.reader(
           written_as, dict(model=self.model, step=self.step_variables, **ema),
-          directory, after_restore=read_back,
-          read_only=f'{directory} holds a run trained on TensorFlow; it '
-          'resumes with --backend=tensorflow')
+          directory, read_only=f'{directory} holds a run trained on '
+          'TensorFlow; it resumes with --backend=tensorflow'))
     # The parts in the order the first JAX runs wrote them.
     parts = dict(model=self.model, optimizer=self.optimizer,
                  step=self.step_variables, **ema)
-    return checkpoint_files.KerasFiles(
-        parts, directory, max_to_keep, before_save=self.write_back,
-        after_restore=read_back)
+    return _StateFiles(self, checkpoint_files.KerasFiles(
+        parts, directory, max_to_keep))
 
   @contextlib.contextmanager
   def _errors_in_one_line(self):
@@ -235,6 +233,30 @@ class Trainer:
       if message:
         raise UserError(message) from None
       raise
+
+
+class _StateFiles:
+  """Storage's files of the Keras variables, with this trainer's own steps
+  around them: its JAX state written into the variables before a save, and
+  taken from them after a restore."""
+
+  def __init__(self, trainer, files):
+    self.trainer, self.files = trainer, files
+
+  def save(self, step):
+    self.trainer.write_back()
+    return self.files.save(step)
+
+  def restore(self, path, optional=()):
+    missing = self.files.restore(path, optional)
+    self.trainer.read_back()
+    return missing
+
+  def latest(self):
+    return self.files.latest()
+
+  def paths(self, directory):
+    return self.files.paths(directory)
 
 
 def _finite_mean(values):

@@ -70,22 +70,7 @@ class Trainer:
     if written_as is Format.TF_CHECKPOINT:
       return checkpoint_files.TensorFlowFiles(self.trackables(), directory,
                                               max_to_keep, self.io_device)
-    step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
-    parts = dict(model=self.model, step=step)
-    if self.ema:
-      parts['ema'] = checkpoint_files.Variables('ema', like=self.ema.sources)
-
-    def after_restore(missing):
-      self.step_counter.assign(int(step.values[0].numpy()))
-      if self.ema and 'ema' not in missing:
-        for average, value in zip(self.ema.averages.values,
-                                  parts['ema'].values):
-          average.assign(value.numpy())
-
-    return checkpoint_files.reader(
-        written_as, parts, directory, after_restore=after_restore,
-        read_only=f'{directory} holds a run trained on another backend, '
-        'which resumes there only')
+    return _OtherBackendsFiles(self, written_as, directory)
 
   def compiled_programs(self):
     functions = [self.train_fn, self.frozen_train_fn]
@@ -273,3 +258,40 @@ def _jax_cpu_client():
   if not jax.config.jax_platforms:
     jax.config.update('jax_platforms', 'cpu')
   return jax.devices('cpu')[0].client
+
+
+class _OtherBackendsFiles:
+  """Another backend's checkpoints (read only), restored into stand-ins
+  shaped as that backend saves them (the step, the averages as one list),
+  then, as this trainer's own step after storage's, into its step counter
+  and moving average."""
+
+  def __init__(self, trainer, written_as, directory):
+    self.trainer = trainer
+    self.step = checkpoint_files.Variables('step', shapes=[()], dtype='int32')
+    parts = dict(model=trainer.model, step=self.step)
+    if trainer.ema:
+      parts['ema'] = checkpoint_files.Variables('ema', like=trainer.ema.sources)
+    self.averages = parts.get('ema')
+    self.files = checkpoint_files.reader(
+        written_as, parts, directory,
+        read_only=f'{directory} holds a run trained on another backend, '
+        'which resumes there only')
+
+  def save(self, step):
+    return self.files.save(step)  # Read only: raises its line.
+
+  def restore(self, path, optional=()):
+    missing = self.files.restore(path, optional)
+    self.trainer.step_counter.assign(int(self.step.values[0].numpy()))
+    if self.averages and 'ema' not in missing:
+      for average, value in zip(self.trainer.ema.averages.values,
+                                self.averages.values):
+        average.assign(value.numpy())
+    return missing
+
+  def latest(self):
+    return self.files.latest()
+
+  def paths(self, directory):
+    return self.files.paths(directory)
