@@ -16,6 +16,7 @@ are tested against them: a description cannot drift. As timm's model
 registry and big_vision's registry find a model or an optimizer by name.
 """
 
+import collections.abc
 import dataclasses
 
 from pipeline.errors import UserError
@@ -26,6 +27,31 @@ class Key:
   """One config key a part reads, by what it means (its default is
   configs/default.py's)."""
   doc: str
+
+
+class Settings(collections.abc.Mapping):
+  """One part's own keys and their values in a config, read by attribute
+  (`settings.train_files`) or by key; a key the part did not declare is an
+  AttributeError or KeyError here, where a config would silently give the
+  run's value."""
+
+  def __init__(self, values):
+    self._values = dict(values)
+
+  def __getitem__(self, key):
+    return self._values[key]
+
+  def __getattr__(self, key):
+    try:
+      return self.__dict__['_values'][key]
+    except KeyError:
+      raise AttributeError(f'{key!r} is not a key of this part') from None
+
+  def __iter__(self):
+    return iter(self._values)
+
+  def __len__(self):
+    return len(self._values)
 
 
 class Part:
@@ -39,10 +65,10 @@ class Part:
     per size)."""
     return (self.name,)
 
-  def check(self, config):
-    """A one-line UserError for a value of this part's keys that cannot
-    run; None otherwise."""
-    del config
+  def check(self, settings):
+    """A one-line UserError for a value of this part's keys (its Settings)
+    that cannot run; None otherwise."""
+    del settings
 
 
 class Table:
@@ -91,6 +117,12 @@ class Table:
     """The part `config` (a ConfigDict, or any object of its fields) names."""
     return self[getattr(config, self.key)]
 
+  def settings(self, config):
+    """The Settings of the part `config` names: its own keys' values, and
+    this table's key (the name it was given by)."""
+    part = self.of(config)
+    return Settings({key: config[key] for key in (self.key, *part.keys)})
+
   def listed(self):
     """The accepted names, as an error lists them."""
     return ', '.join(self.names()) + (f', {self.accepted}' if self.accepted
@@ -108,4 +140,4 @@ class Table:
   def check(self, config):
     """A one-line UserError if `config` names no part of this table, or
     its part's keys cannot run."""
-    self.of(config).check(config)
+    self.of(config).check(self.settings(config))

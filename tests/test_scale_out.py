@@ -250,7 +250,7 @@ def _config(**fields):
      'gs://b/run', ["train_dir='/photos'"]),
 ])
 def test_remote_tpu_paths_must_be_on_gcs(config, workdir, local):
-  paths = {'workdir': workdir, **sources.of(config).inputs(config),
+  paths = {'workdir': workdir, **sources.inputs(config),
            **cache.written_paths(config.cache)}
   assert workdirs.remote_tpu_local_paths(paths) == local
 

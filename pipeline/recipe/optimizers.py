@@ -19,7 +19,7 @@ OPTIMIZERS = parts.Table('optimizer', 'optimizer')
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Optimizer(parts.Part):
-  """An optimizer by its config name: make(config, schedule, **clip),
+  """An optimizer by its config name: make(schedule, weight_decay, **clip),
   `clip` Keras' global_clipnorm where grad_clip_norm asks for it."""
   name: str
   description: str
@@ -29,19 +29,19 @@ class Optimizer(parts.Part):
 
 for _optimizer in (
     Optimizer('adamw', 'AdamW, decoupled weight decay',
-              lambda config, schedule, **clip: keras.optimizers.AdamW(
-                  schedule, weight_decay=config.weight_decay, **clip)),
+              lambda schedule, weight_decay, **clip: keras.optimizers.AdamW(
+                  schedule, weight_decay=weight_decay, **clip)),
     Optimizer('sgd', 'SGD with Nesterov momentum 0.9',
-              lambda config, schedule, **clip: keras.optimizers.SGD(
+              lambda schedule, weight_decay, **clip: keras.optimizers.SGD(
                   schedule, momentum=0.9, nesterov=True,
-                  weight_decay=config.weight_decay, **clip)),
+                  weight_decay=weight_decay, **clip)),
     # tensorflow/tpu's RMSProp: decay 0.9, momentum 0.9, epsilon 1e-3,
     # which like Keras' sits inside the square root.
     Optimizer('rmsprop', "tensorflow/tpu's RMSProp (decay and momentum 0.9, "
               'epsilon 1e-3)',
-              lambda config, schedule, **clip: keras.optimizers.RMSprop(
+              lambda schedule, weight_decay, **clip: keras.optimizers.RMSprop(
                   schedule, rho=0.9, momentum=0.9, epsilon=1e-3,
-                  weight_decay=config.weight_decay, **clip)),
+                  weight_decay=weight_decay, **clip)),
 ):
   OPTIMIZERS.register(_optimizer)
 
@@ -56,9 +56,11 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
   # Keras clips in apply, after a LossScaleOptimizer has unscaled.
   clip = ({'global_clipnorm': config.grad_clip_norm}
           if config.grad_clip_norm else {})
-  optimizer = OPTIMIZERS.of(config).make(
-      config, schedules.learning_rate_schedule(config, peak, total_steps,
-                                               steps_per_epoch), **clip)
+  schedule = schedules.learning_rate_schedule(
+      schedules.SCHEDULES.settings(config), config.warmup_epochs, peak,
+      total_steps, steps_per_epoch)
+  optimizer = OPTIMIZERS.of(config).make(schedule, config.weight_decay,
+                                         **clip)
   # Decay only weight matrices: decaying norms and biases hurts small models.
   optimizer.exclude_from_weight_decay(var_names=['bn', 'bias', 'gamma',
                                                  'beta'])

@@ -82,7 +82,7 @@ class WarmupLinearDecay(WarmupCosineDecay):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule(parts.Part):
-  """A schedule by its config name: make(config, peak, warmup_steps,
+  """A schedule by its config name: make(settings, peak, warmup_steps,
   total_steps, steps_per_epoch) -> the keras LearningRateSchedule."""
   name: str
   description: str
@@ -96,29 +96,30 @@ def _decay_steps(warmup_steps, total_steps):
 
 for _schedule in (
     Schedule('cosine', 'cosine decay to 0 at the end',
-             lambda config, peak, warmup, total, per_epoch: WarmupCosineDecay(
-                 peak, warmup, _decay_steps(warmup, total))),
+             lambda settings, peak, warmup, total, per_epoch:
+             WarmupCosineDecay(peak, warmup, _decay_steps(warmup, total))),
     Schedule('exponential', "tensorflow/tpu's staircase: x lr_decay_rate "
              'every lr_decay_epochs',
-             lambda config, peak, warmup, total, per_epoch:
+             lambda settings, peak, warmup, total, per_epoch:
              WarmupExponentialDecay(
-                 peak, warmup, max(config.lr_decay_epochs * per_epoch, 1.0),
-                 config.lr_decay_rate),
+                 peak, warmup, max(settings.lr_decay_epochs * per_epoch, 1.0),
+                 settings.lr_decay_rate),
              keys={'lr_decay_rate': parts.Key('exponential: the rate kept '
                                               'at each stair'),
                    'lr_decay_epochs': parts.Key('exponential: epochs between '
                                                 'stairs')}),
     Schedule('linear', 'a straight line to 0 at the end',
-             lambda config, peak, warmup, total, per_epoch: WarmupLinearDecay(
+             lambda settings, peak, warmup, total, per_epoch: WarmupLinearDecay(
                  peak, warmup, _decay_steps(warmup, total))),
 ):
   SCHEDULES.register(_schedule)
 
 
-def learning_rate_schedule(config, peak, total_steps, steps_per_epoch):
-  """The config's lr_schedule, after a linear warmup to `peak` over
-  warmup_epochs."""
-  warmup_steps = min(int(config.warmup_epochs * steps_per_epoch),
+def learning_rate_schedule(settings, warmup_epochs, peak, total_steps,
+                           steps_per_epoch):
+  """The lr_schedule `settings` (SCHEDULES.settings) name, after a linear
+  warmup to `peak` over `warmup_epochs`."""
+  warmup_steps = min(int(warmup_epochs * steps_per_epoch),
                      max(total_steps - 1, 0))
-  return SCHEDULES.of(config).make(config, peak, warmup_steps, total_steps,
-                                   steps_per_epoch)
+  return SCHEDULES[settings.lr_schedule].make(
+      settings, peak, warmup_steps, total_steps, steps_per_epoch)

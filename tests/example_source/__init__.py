@@ -13,10 +13,10 @@ class Stripes(DataSource):
   description = 'images of vertical or horizontal stripes, made on the fly'
   keys = {}  # It takes no settings; a source's own keys would be here.
 
-  def inputs(self, config):
+  def inputs(self, settings):
     return {}  # Nothing read: the images are made.
 
-  def load(self, config):
+  def load(self, settings):
     from example_source import stripes  # pylint: disable=g-import-not-at-top
-    del config
+    del settings
     return stripes.load(16)

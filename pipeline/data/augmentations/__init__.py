@@ -1,10 +1,10 @@
 """The random training transforms config.augment names, each one object in
 AUGMENTATIONS: what it does to an image, as parts both input pipelines
-implement (tf_data.py here, on tf.data; dali.py on DALI), so no module compares
+implement (tf_data.py here, on tf.data; dali/ on DALI), so no module compares
 an augmentation's name.
 
 A new augmentation is a line below where it combines these parts; a new
-part is a field here and its few lines in tf_data.py and dali.py.
+part is a field here and its few lines in tf_data.py and dali/.
 Imports no TensorFlow.
 """
 
@@ -34,10 +34,6 @@ class RandAugment:
   layers: int
   magnitude: float  # 0 to MAX_MAGNITUDE.
 
-  @classmethod
-  def of(cls, config):
-    return cls(config.randaugment_layers, config.randaugment_magnitude)
-
   @property
   def factor(self):
     """The magnitude as Keras' RandAugment takes it, 0 to 1."""
@@ -65,10 +61,11 @@ class Augmentation(parts.Part):
   def keys(self):
     return RANDAUGMENT_KEYS if self.randaugment else {}
 
-  def check(self, config):
+  def check(self, settings):
     if not self.randaugment:
       return
-    layers, magnitude = config.randaugment_layers, config.randaugment_magnitude
+    layers = settings.randaugment_layers
+    magnitude = settings.randaugment_magnitude
     if not (isinstance(layers, int) and 1 <= layers <= 10):
       raise UserError(f'randaugment_layers={layers!r}: expected 1 to 10 '
                       'operations an image')
@@ -110,7 +107,3 @@ for _augmentation in (
 ):
   AUGMENTATIONS.register(_augmentation)
 
-
-def of(config):
-  """The Augmentation config.augment names."""
-  return AUGMENTATIONS.of(config)

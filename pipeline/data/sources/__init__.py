@@ -44,12 +44,17 @@ SOURCES.register(tfds_set.TfdsSet(), fallback=True)
 def load_source(config):
   """The Source `config.dataset` names."""
   try:
-    return SOURCES.of(config).load(config)
+    return SOURCES.of(config).load(SOURCES.settings(config))
   except UnknownSet:
     raise UserError(f'unknown dataset {config.dataset!r}; accepted: '
                     f'{SOURCES.listed()}') from None
 
 
-def of(config):
-  """The DataSource `config.dataset` names."""
-  return SOURCES.of(config)
+def held_out(config):
+  """The name of the split evaluation reads."""
+  return SOURCES.of(config).held_out(SOURCES.settings(config))
+
+
+def inputs(config):
+  """{config key: path} of what the input workers read."""
+  return SOURCES.of(config).inputs(SOURCES.settings(config))

@@ -13,20 +13,22 @@ class UnknownSet(LookupError):
 
 
 class DataSource(parts.Part):
-  """What a run asks of one source."""
+  """What a run asks of one source; each method is given the source's
+  parts.Settings (its own keys, and config.dataset), never the config."""
   # Its class names are the user's (folders, labels.txt): the plan shows them.
   names_classes = False
 
-  def inputs(self, config):
+  def inputs(self, settings):
     """{config key: path} of what the input workers read ('' a default)."""
     raise NotImplementedError
 
-  def held_out(self, config):
+  def held_out(self, settings):
     """The name of the split evaluation reads."""
-    return config.eval_split or 'held-out'
+    del settings
+    return 'held-out'
 
-  def load(self, config):
-    """The Source `config` names; a one-line UserError if it cannot be
+  def load(self, settings):
+    """The Source `settings` name; a one-line UserError if it cannot be
     read."""
     raise NotImplementedError
 
@@ -49,12 +51,26 @@ class Source:
   record_files: dict = dataclasses.field(default_factory=dict)
   # What its stored labels count from: the parsed labels are less by it.
   label_offset: int = 0
+  # Its images' longest side where every image has it (a tensorflow-datasets
+  # set of fixed shape); 0: they differ, or it is unknown before decoding.
+  image_side: int = 0
 
   def all_record_files(self):
     """Both splits' record files (where an undecodable record is looked
     for)."""
     return tuple(self.record_files.get('train', ()) +
                  self.record_files.get('eval', ()))
+
+  def check_eval_size(self, sizes):
+    """A one-line UserError where eval_image_size was given above both the
+    training size and the images' own (`sizes`: models.ImageSizes):
+    evaluating larger than the images are adds no detail, only cost."""
+    if (sizes.eval_given and self.image_side and
+        sizes.eval > max(self.image_side, sizes.train)):
+      raise UserError(
+          f'eval_image_size={sizes.eval} is larger than the images of '
+          f'{self.name} ({self.image_side} px), which adds no detail: use 0 '
+          f'(the training size, {sizes.train} px)')
 
   def class_name(self, index):
     return self.class_names[index] if self.class_names else str(index)
@@ -80,30 +96,30 @@ class ListedImages(DataSource):
   """Images listed one by one with their labels (a folder of class
   folders, a CSV): read as files, an eval listing or a held-out share.
   `train_key` and `eval_key` name the listings; `listing` says what the
-  training one is; `listed(config)` lists them."""
+  training one is; `listed(settings)` lists them."""
   train_key = eval_key = listing = ''
   names_classes = True
 
-  def check(self, config):
-    check_eval_fraction(config.eval_fraction)
+  def check(self, settings):
+    check_eval_fraction(settings.eval_fraction)
 
-  def inputs(self, config):
-    return {key: config[key] for key in (self.train_key, self.eval_key)
-            if key == self.train_key or config[key]}
+  def inputs(self, settings):
+    return {key: settings[key] for key in (self.train_key, self.eval_key)
+            if key == self.train_key or settings[key]}
 
-  def listed(self, config):
+  def listed(self, settings):
     """(class names, {'train': files, 'eval': files} of (path, label),
     the class count, a function reading files as read_files does)."""
     raise NotImplementedError
 
-  def load(self, config):
-    if not config[self.train_key]:
+  def load(self, settings):
+    if not settings[self.train_key]:
       raise UserError(f'dataset={self.name} needs --config.{self.train_key}'
                       f'=PATH, {self.listing} (local or gs://)')
-    names, files, num_classes, read_files = self.listed(config)
-    if names and config.num_classes not in (0, len(names)):
-      raise UserError(f'num_classes={config.num_classes}, but '
-                      f'{config[self.train_key]!r} names {len(names)} '
+    names, files, num_classes, read_files = self.listed(settings)
+    if names and settings.num_classes not in (0, len(names)):
+      raise UserError(f'num_classes={settings.num_classes}, but '
+                      f'{settings[self.train_key]!r} names {len(names)} '
                       f'classes; leave num_classes at 0 for {self.name}')
 
     def read(split, input_context, shuffle, seed):

@@ -25,9 +25,9 @@ class CsvList(ListedImages):
   train_key, eval_key = 'train_csv', 'eval_csv'
   listing = 'a CSV of image paths and labels'
 
-  def listed(self, config):
+  def listed(self, settings):
     from pipeline.data.sources.csv_list import rows as csv_files  # pylint: disable=g-import-not-at-top
-    names, files, num_classes = csv_files.splits(config)
+    names, files, num_classes = csv_files.splits(settings)
     missing = csv_files.missing(files)
     return names, files, num_classes, (
         lambda split_files, *how: csv_files.read_files(split_files, missing,

@@ -31,20 +31,21 @@ PATH_COLUMNS = ('path', 'image', 'file', 'filename')
 LABEL_COLUMNS = ('label', 'class', 'category')
 
 
-def splits(config):
+def splits(settings):
   """(class names, {'train': files, 'eval': files}, num_classes), files
   [(path, label)] as image_folder's tree.splits'; names () for integer labels."""
-  train = _rows(config.train_csv)
-  evaluated = _rows(config.eval_csv) if config.eval_csv else []
+  train = _rows(settings.train_csv)
+  evaluated = _rows(settings.eval_csv) if settings.eval_csv else []
   names, labels = _labels(train + evaluated)
-  num_classes = len(names) or _num_classes(config, train + evaluated, labels)
+  num_classes = len(names) or _num_classes(settings.num_classes,
+                                           train + evaluated, labels)
   files = [(row[0], label) for row, label in zip(train + evaluated, labels)]
   if evaluated:
     return names, {'train': files[:len(train)],
                    'eval': files[len(train):]}, num_classes
   return names, listed_files.hold_out(
-      files, _folder(config.train_csv), config.eval_fraction,
-      f'rows of {config.train_csv!r}'), num_classes
+      files, _folder(settings.train_csv), settings.eval_fraction,
+      f'rows of {settings.train_csv!r}'), num_classes
 
 
 def missing(files):
@@ -136,9 +137,9 @@ def _labels(rows):
   return names, [index[row[1]] for row in rows]
 
 
-def _num_classes(config, rows, labels):
+def _num_classes(given, rows, labels):
   """Integer labels: num_classes, or the largest label plus one."""
-  num_classes = config.num_classes or max(labels) + 1
+  num_classes = given or max(labels) + 1
   for row, label in zip(rows, labels):
     if label < 0:
       raise UserError(f'row {row[2]} of {row[3]!r} has the label {label}; '
@@ -146,7 +147,7 @@ def _num_classes(config, rows, labels):
     if label >= num_classes:
       raise UserError(f'row {row[2]} of {row[3]!r} has the label {label}, '
                       f'outside [0, {num_classes}) (num_classes='
-                      f'{config.num_classes})')
+                      f'{given})')
   return num_classes
 
 

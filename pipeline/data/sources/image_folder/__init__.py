@@ -23,8 +23,8 @@ class ClassFolders(ListedImages):
   train_key, eval_key = 'train_dir', 'eval_dir'
   listing = 'a folder of class folders'
 
-  def listed(self, config):
+  def listed(self, settings):
     from pipeline.data.sources import listed_files  # pylint: disable=g-import-not-at-top
     from pipeline.data.sources.image_folder import tree  # pylint: disable=g-import-not-at-top
-    names, files = tree.splits(config)
+    names, files = tree.splits(settings)
     return names, files, len(names), listed_files.read_files

@@ -101,16 +101,17 @@ def _gcs_tree(root):
   return folders, [name for name in names if not name.endswith('/')]
 
 
-def splits(config):
+def splits(settings):
   """(class names, {'train': files, 'eval': files}), files [(path, label)]."""
-  names, train = list_classes(config.train_dir)
-  if config.eval_dir:
-    eval_names, evaluated = list_classes(config.eval_dir)
+  names, train = list_classes(settings.train_dir)
+  if settings.eval_dir:
+    eval_names, evaluated = list_classes(settings.eval_dir)
     if eval_names != names:
-      raise UserError(f'eval_dir {config.eval_dir!r} has the classes '
+      raise UserError(f'eval_dir {settings.eval_dir!r} has the classes '
                       f'{", ".join(eval_names)}, train_dir '
-                      f'{config.train_dir!r} has {", ".join(names)}; both '
+                      f'{settings.train_dir!r} has {", ".join(names)}; both '
                       'must hold the same class folders')
     return names, {'train': train, 'eval': evaluated}
-  return names, listed_files.hold_out(train, config.train_dir.rstrip('/'),
-                         config.eval_fraction, f'images in {config.train_dir!r}')
+  return names, listed_files.hold_out(
+      train, settings.train_dir.rstrip('/'), settings.eval_fraction,
+      f'images in {settings.train_dir!r}')

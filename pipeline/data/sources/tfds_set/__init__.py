@@ -32,11 +32,14 @@ class TfdsSet(DataSource):
   def names(self):
     return ()  # Every name no other source takes: the table's fallback.
 
-  def inputs(self, config):
-    return {'data_dir': config.data_dir}
+  def inputs(self, settings):
+    return {'data_dir': settings.data_dir}
 
-  def load(self, config):
-    return _load(config)
+  def held_out(self, settings):
+    return settings.eval_split or 'held-out'
+
+  def load(self, settings):
+    return _load(settings)
 
 
 def _prepare(builder):
@@ -59,27 +62,29 @@ def _prepare(builder):
                  builder.data_dir)
 
 
-def _load(config):
-  """The tensorflow-datasets set config.dataset names, prepared."""
+def _load(settings):
+  """The tensorflow-datasets set `settings.dataset` names, prepared."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builder)
   try:
-    builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
+    builder = tfds.builder(settings.dataset,
+                           data_dir=settings.data_dir or None)
   except tfds.core.registered.DatasetNotFoundError:
-    raise UnknownSet(config.dataset) from None
+    raise UnknownSet(settings.dataset) from None
   try:
     _prepare(builder)
   except Exception as e:  # Network, disk and manual-download errors alike.
-    raise UserError(f'dataset {config.dataset!r} could not be prepared in '
+    raise UserError(f'dataset {settings.dataset!r} could not be prepared in '
                     f'{builder.data_dir}: {first_line(e)}')
   features = builder.info.features
   if not ('label' in features and 'image' in features and
           isinstance(features['label'], tfds.features.ClassLabel) and
           isinstance(features['image'], tfds.features.Image)):
-    raise UserError(f'dataset {config.dataset!r} has no image and class label; '
+    raise UserError(f'dataset {settings.dataset!r} has no image and class '
+                    'label; '
                     'it is not an image classification data set')
-  splits = {'train': config.train_split,
-            'eval': config.eval_split or _held_out_split(builder)}
+  splits = {'train': settings.train_split,
+            'eval': settings.eval_split or _held_out_split(builder)}
   sizes = {k: _num_examples(builder, v) for k, v in splits.items()}
 
   def read(split, input_context, shuffle, seed):
@@ -98,12 +103,19 @@ def _load(config):
       dataset = dataset.shard(pipelines, input_context.input_pipeline_id)
     return dataset
 
-  return Source(config.dataset, features['label'].num_classes,
+  return Source(settings.dataset, features['label'].num_classes,
                 sizes['train'], sizes['eval'], read,
                 parse=lambda image, label, split: (image, label, split),
                 class_names=tuple(features['label'].names),
                 encoded_bytes=sum(_num_bytes(builder, v)
-                                  for v in splits.values()))
+                                  for v in splits.values()),
+                image_side=_fixed_side(features['image'].shape))
+
+
+def _fixed_side(shape):
+  """The longest side of a set whose images all have one shape, else 0."""
+  height, width = shape[:2]
+  return max(height, width) if height and width else 0
 
 
 def _held_out_split(builder):

@@ -25,29 +25,29 @@ class TFRecordFiles(DataSource):
   }
   names_classes = True
 
-  def inputs(self, config):
-    return {'train_files': config.train_files,
-            'eval_files': config.eval_files}
+  def inputs(self, settings):
+    return {'train_files': settings.train_files,
+            'eval_files': settings.eval_files}
 
-  def held_out(self, config):
-    return config.eval_files
+  def held_out(self, settings):
+    return settings.eval_files
 
-  def load(self, config):
-    return _load(config)
+  def load(self, settings):
+    return _load(settings)
 
 
-def _load(config):
+def _load(settings):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from pipeline.data.sources.tfrecord import records as tfrecords  # pylint: disable=g-import-not-at-top
-  if config.num_classes < 1:
+  if settings.num_classes < 1:
     raise UserError('dataset=tfrecord needs --config.num_classes=N (N >= 1)')
-  files = {'train': tuple(tfrecords.list_files(config.train_files)),
-           'eval': tuple(tfrecords.list_files(config.eval_files))}
-  sizes = {'train': config.num_train_examples or
+  files = {'train': tuple(tfrecords.list_files(settings.train_files)),
+           'eval': tuple(tfrecords.list_files(settings.eval_files))}
+  sizes = {'train': settings.num_train_examples or
                     tfrecords.count_records(files['train']),
-           'eval': config.num_eval_examples or
+           'eval': settings.num_eval_examples or
                    tfrecords.count_records(files['eval'])}
-  offset = config.label_offset
+  offset = settings.label_offset
 
   def read(split, input_context, shuffle, seed):
     names = list(files[split])  # A tuple would be a structure to tf.data.
@@ -79,12 +79,12 @@ def _load(config):
     encoded, label = tfrecords.parse(record)
     return encoded, label - offset, filename
 
-  names = tfrecords.read_labels(config.train_files)
-  if names and len(names) != config.num_classes:
-    raise UserError(f'{tfrecords.LABELS_FILE} beside {config.train_files!r}'
+  names = tfrecords.read_labels(settings.train_files)
+  if names and len(names) != settings.num_classes:
+    raise UserError(f'{tfrecords.LABELS_FILE} beside {settings.train_files!r}'
                     f' names {len(names)} classes, not num_classes='
-                    f'{config.num_classes}')
-  return Source('tfrecord', config.num_classes, sizes['train'], sizes['eval'],
+                    f'{settings.num_classes}')
+  return Source('tfrecord', settings.num_classes, sizes['train'], sizes['eval'],
                 read, parse, class_names=names, encoded_bytes=sum(
                     tf.io.gfile.stat(name).length
                     for names in files.values() for name in names),

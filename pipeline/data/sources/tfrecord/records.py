@@ -19,7 +19,7 @@ FEATURES = {
 }
 
 
-# DALI's indices of the files in a folder (dali_index.py), which a glob of
+# DALI's indices of the files in a folder (data/dali/index.py), which a glob of
 # the folder's files may match.
 INDEX_FOLDER = '.dali_index'
 
