@@ -41,7 +41,7 @@ from absl import flags
 from launch import cli
 from pipeline import backends
 from pipeline.reports import benchmark
-from pipeline.reports import benchmark_report
+from pipeline.reports.benchmark import tables as benchmark_tables
 from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.run import plan
@@ -116,14 +116,14 @@ def main(config):
     gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value,
                                              _BACKENDS.value)
     result = benchmark.across_backends(_BACKENDS.value, _child_args())
-    text = benchmark_report.backends_table(result)
+    text = benchmark_tables.backends_table(result)
     failed = benchmark.failed_backends(result)
     if gpu and not failed:
       text += '\n' + saved_measurements.save_backends(result, gpu)
   elif _POLICIES.value:
     result, text = _sweep(config, request)
   else:
-    result, text = _one_run(config, request)
+    result, text = _one_run(plan.resolve(config, request))
   print(text)
   os.makedirs(os.path.dirname(output) or '.', exist_ok=True)
   workdirs.write_json(output, result)
@@ -142,15 +142,15 @@ def _sweep(config, request):
                     f'machine trains on {hardware.device_kind}')
   result = benchmark.sweep(config, request, _POLICIES.value,
                            _XLA_SETTINGS.value, _EXECUTIONS.value, hardware)
-  text = benchmark_report.sweep_table(result)
+  text = benchmark_tables.sweep_table(result)
   if _SAVE_POLICY.value:
     text += '\n' + saved_measurements.save_sweep(result)
   return result, text
 
 
-def _one_run(config, request):
-  """The input, the model's ceiling and real training of one config."""
-  resolved = plan.resolve(config, request)
+def _one_run(resolved):
+  """The input, the model's ceiling and real training of the `resolved`
+  plan."""
   gpu = resolved.hardware.gpu_name
   if _SAVE_POLICY.value and not (_INPUT_ONLY.value and gpu):
     raise UserError('--save_policy keeps what was measured fastest on a '
@@ -158,7 +158,7 @@ def _one_run(config, request):
                     '--input_only (the input pipelines) on a GPU')
   result = benchmark.run(resolved, _EXECUTIONS.value, _INPUT_ONLY.value,
                          _TARGET.value)
-  text = benchmark_report.table(result)
+  text = benchmark_tables.table(result)
   if _SAVE_POLICY.value:
     rates = result.get('pipelines_images_per_sec', {})
     if str(input_pipeline_lib.Pipeline.DALI) not in rates:

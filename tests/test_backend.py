@@ -102,9 +102,9 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
       'config': {key: config[key] for key in run_workdir.RUN_IDENTITY},
       'resolved': resolved})
   workdir = workdirs.Workdir(str(tmp_path), str(tmp_path / 'staging'))
-  check = lambda: run_workdir.check_same_run(workdir, config,
-                                       backends.load(backend_now) if trains
-                                       else None)
+  check = lambda: run_workdir.check_same_run(
+      workdir, run_workdir.recipe(config, 'float32'),
+      backends.load(backend_now) if trains else None)
   if not refused:
     assert check()['resolved'] == resolved
     return
@@ -194,7 +194,7 @@ def test_a_backend_that_fails_in_a_comparison_is_its_rows_one_line():
   environment; in the JAX environment a flag only TensorFlow takes): its
   row says why, and the other backend's figures stand beside it."""
   from pipeline.reports import benchmark  # pylint: disable=g-import-not-at-top
-  from pipeline.reports import benchmark_report  # pylint: disable=g-import-not-at-top
+  from pipeline.reports.benchmark import tables as benchmark_tables  # pylint: disable=g-import-not-at-top
   result = benchmark.across_backends(['jax'], ['--collective=ring'])
   [[name, failed]] = result['backends']
   assert name == 'jax' and failed['failed'].startswith('error: ')
@@ -207,7 +207,7 @@ def test_a_backend_that_fails_in_a_comparison_is_its_rows_one_line():
       'train_real_images_per_sec': 100.0, 'compile_s': 30.0,
       'step_cost_reason': 'XLA could not analyse the step alone here (x)',
       'overlap_wall_vs_sum': 0.55}
-  table = benchmark_report.backends_table(
+  table = benchmark_tables.backends_table(
       {'backends': [['tensorflow', tensorflow], [name, failed]]})
   assert table.splitlines()[2:] == [
       'tensorflow   DefaultStrategy x1              120.0       100.0'

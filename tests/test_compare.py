@@ -16,7 +16,7 @@ from conftest import REPO
 from conftest import run_module
 from conftest import tiny_args
 from pipeline.reports import compare
-from pipeline.reports import compare_report
+from pipeline.reports.compare import report as comparison_report
 from pipeline.errors import UserError
 from pipeline.rules.speed import step_counts
 
@@ -135,17 +135,17 @@ def test_each_run_has_its_log_and_tensorboard_under_the_root(compared):
     run = os.path.join(root, name)
     assert 'Precision: ' + name in open(os.path.join(run, 'train.log')).read()
     for split, tag in (('train', 'loss'), ('eval', 'accuracy')):
-      points = compare_report.read_scalars(os.path.join(run, 'tensorboard', split),
+      points = comparison_report.read_scalars(os.path.join(run, 'tensorboard', split),
                                     tag)
       assert points, (name, split)
     # Steps are the run's own: the doubled batch takes half as many. A
     # short run's loss curve has a point per step, not per log line, and
     # the comparison asks for evaluations along the way, not just the last.
     steps = 8 if name == 'float32' else 4
-    losses = compare_report.read_scalars(
+    losses = comparison_report.read_scalars(
         os.path.join(run, 'tensorboard', 'train'), 'loss')
     assert [step for step, _ in losses] == list(range(1, steps + 1))
-    evals = compare_report.read_scalars(
+    evals = comparison_report.read_scalars(
         os.path.join(run, 'tensorboard', 'eval'), 'accuracy')
     assert [step for step, _ in evals] == (
         [2, 4, 6, 8] if name == 'float32' else [2, 4])
@@ -320,7 +320,7 @@ def test_seed_means_and_deltas_against_float32():
       'mixed_float16_seed1': _metrics('mixed_float16', 1, 220, 0.95, 128,
                                       16384.0),
   }
-  rows = compare_report.summarize(runs, metrics, 1408)
+  rows = comparison_report.summarize(runs, metrics, 1408)
   float32, float16 = rows
   assert float32['images_per_sec'] == 105 and float16['images_per_sec'] == 210
   assert float16['speedup'] == pytest.approx(2.0)
@@ -329,8 +329,8 @@ def test_seed_means_and_deltas_against_float32():
   assert float16['epoch_s'] == pytest.approx(1408 / 210)
   assert float16['final_loss_scale'] == 24576.0
   assert float16['skipped_steps'] == 3 and float32['skipped_steps'] is None
-  assert compare_report.initial_weights(runs, metrics) == {0: ['seed0'],
+  assert comparison_report.initial_weights(runs, metrics) == {0: ['seed0'],
                                                    1: ['seed1']}
-  table = compare_report.markdown_table(rows)
+  table = comparison_report.markdown_table(rows)
   assert '| mixed_float16 | 128 | 11 | 1,408 | 210 |' in table
   assert '| 2.00 | +1.00 |' in table

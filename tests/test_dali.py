@@ -1,4 +1,4 @@
-"""NVIDIA DALI input (data/dali.py), on this CPU (DALI decoding CPU-only).
+"""NVIDIA DALI input (data/dali/), on this CPU (DALI decoding CPU-only).
 
 The rules (the choice, the index, the one-line refusals) run everywhere;
 what needs DALI runs in the environment that has it (CI's JAX environment:
@@ -26,7 +26,7 @@ from pipeline.data import augmentations
 from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import sources
-from pipeline.data import dali_index
+from pipeline.data.dali import index as dali_index
 from pipeline.data import decode
 from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.errors import UserError
@@ -59,7 +59,9 @@ def _choose(config, *args):
            if config.dataset == 'tfrecord' else {})
   source = sources.Source(config.dataset, 10, 64, 16, None, None,
                           record_files=files)
-  return input_pipeline_lib.choose(config, source, *args)
+  return input_pipeline_lib.choose(config.input_pipeline,
+                                   InputSpec.of(config), source,
+                                   *args)
 
 
 def _png(array):

@@ -23,7 +23,7 @@ from conftest import check_onnx_agrees_with_the_saved_model
 from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import run_module
 from configs import default
-from pipeline.reports import compare_report
+from pipeline.reports.compare import report as comparison_report
 from pipeline.rules.machine import hardware as devices
 from pipeline.run import plan as plan_lib
 from pipeline.storage import workdirs
@@ -147,7 +147,7 @@ def test_a_run_learns_the_digits_rolls_back_once_and_exports(tmp_path,
     _check_onnx_export(os.path.join(workdir, 'export'), tmp_path)
   # Evaluated at steps 44 and 88 (TensorBoard's eval scalars); the better
   # one (the earlier on a tie: a later one must beat it) kept and exported.
-  evaluated = compare_report.read_scalars(
+  evaluated = comparison_report.read_scalars(
       os.path.join(workdir, 'tensorboard', 'eval'), 'accuracy')
   assert [step for step, _ in evaluated] == [44, 88]
   assert evaluated[1][1] == pytest.approx(metrics['eval_accuracy'])

@@ -7,8 +7,8 @@ CutMix), decode.py (JPEG decoding and crops), input_spec.py (what the
 pipelines take of a run's config), cache.py (what to cache), inputs.py (the
 tf.data pipelines per input context, and the run's batches from either
 pipeline), input_pipeline.py (which pipeline: tf.data or DALI),
-data_service.py (a tf.data service), dali.py and dali_index.py (NVIDIA
-DALI's pipelines and their index files). Imports pipeline.errors,
+data_service.py (a tf.data service), dali/ (NVIDIA DALI's pipelines in
+its __init__, their index files in index.py). Imports pipeline.errors,
 pipeline.parts and storage/ only: both backends read the same tf.data
 pipelines, and run the same DALI pipelines through their own DALI plugins.
 """

@@ -1,4 +1,4 @@
-"""Which pipeline makes a run's batches: tf.data, or NVIDIA DALI (dali.py).
+"""Which pipeline makes a run's batches: tf.data, or NVIDIA DALI (dali/).
 
 --config.input_pipeline names one, or `auto`, which takes DALI on GPUs
 where it is installed and was measured faster on this GPU model and core
@@ -11,7 +11,7 @@ import enum
 from absl import logging
 
 from pipeline.data import dali
-from pipeline.data import dali_index
+from pipeline.data.dali import index as dali_index
 from pipeline.errors import UserError
 from pipeline.storage import user_cache
 
@@ -28,8 +28,9 @@ class Pipeline(enum.Enum):
 AUTO = 'auto'  # The config's setting that picks either on evidence.
 
 
-def choose(config, source, device_kind, saved_rates=None):
-  """(input pipeline, reason) for --config.input_pipeline=auto|tf.data|dali.
+def choose(requested, spec, source, device_kind, saved_rates=None):
+  """(input pipeline, reason) for `requested`, the config's
+  input_pipeline (auto|tf.data|dali), to run `spec` (an InputSpec).
 
   auto takes DALI on GPUs where it is installed and was measured faster on
   this GPU model (`saved_rates`: launch.benchmark --input_only
@@ -37,11 +38,11 @@ def choose(config, source, device_kind, saved_rates=None):
   dali is checked here against the loaded `source`: one line for what it
   cannot run.
   """
-  requested = setting(config.input_pipeline)
+  requested = setting(requested)
   if requested is Pipeline.TF_DATA:
     return Pipeline.TF_DATA, 'as configured'
   if requested is Pipeline.DALI:
-    dali.check(config, source)
+    dali.check(spec, source)
     return Pipeline.DALI, ('as configured; decoding on the GPU'
                            if device_kind == 'GPU' else
                            'as configured; decoding on the CPU (no GPU)')
@@ -57,7 +58,7 @@ def choose(config, source, device_kind, saved_rates=None):
   rates = ', '.join(f'{name} {rate:,.0f}' for name, rate in
                     sorted(saved_rates.items()))
   faster = Pipeline(max(saved_rates, key=saved_rates.get))
-  refusal = dali.refusal(config, source)
+  refusal = dali.refusal(spec, source)
   if faster is Pipeline.DALI and not refusal:
     return Pipeline.DALI, f'auto: measured faster on this GPU ({rates} img/s)'
   return Pipeline.TF_DATA, (f'auto: measured on this GPU ({rates} img/s)'

@@ -1,5 +1,5 @@
 """What the input pipelines take of a run's config, read once: the one part
-inputs.py, cache.py and decode.py are given (dali.py too, beside the files
+inputs.py, cache.py and decode.py are given (dali/ too, beside the files
 its config names), so they read no config, and the plan prints what they
 use. Its values are the config's (configs/default.py has the defaults).
 
@@ -32,16 +32,22 @@ class InputSpec:
   # Labels as blends' soft targets: where mixup or CutMix is on (in any
   # stage of progressive learning, even one whose alpha is 0).
   soft_labels: bool
+  # Progressive learning: the input rebuilt at each stage's size and
+  # strengths (at_stage).
+  staged: bool
 
   @classmethod
   def of(cls, config):
     return cls(config.image_size,
                config.eval_image_size or config.image_size,
-               augmentations.of(config), augmentations.RandAugment.of(config),
+               augmentations.AUGMENTATIONS.of(config),
+               augmentations.RandAugment(config.randaugment_layers,
+                                         config.randaugment_magnitude),
                config.mixup_alpha, config.cutmix_alpha,
                config.shuffle_buffer, config.deterministic_input,
                config.seed, config.cache, config.data_service,
-               bool(config.mixup_alpha or config.cutmix_alpha))
+               bool(config.mixup_alpha or config.cutmix_alpha),
+               bool(config.progressive_stages))
 
   def at_stage(self, image_size, randaugment_magnitude, mixup_alpha):
     """This spec at one stage of progressive learning: its size, its

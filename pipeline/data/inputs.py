@@ -1,5 +1,5 @@
 """The input of a run: tf.data built per worker from a source's records
-(sources/), or DALI's pipelines (dali.py); train_input and eval_input give
+(sources/), or DALI's pipelines (dali/); train_input and eval_input give
 either (a TfDataInput, a dali.Input), which the run's backend distributes (the loop hands it
 over: data/ calls no backend).
 

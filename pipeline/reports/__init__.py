@@ -2,8 +2,9 @@
 
 evaluation.py (a committed checkpoint on a held-out split), metrics.py
 (metrics.json), export.py (SavedModel, LiteRT, metadata), predict.py (the
-export on images), benchmark.py and benchmark_report.py (throughput,
-sweeps), compare.py and compare_report.py (runs side by side),
+export on images), benchmark/ (throughput and sweeps: measured in its
+__init__, tabled in tables.py), compare/ (runs side by side: run in its
+__init__, reported in report.py),
 reference_input.py (tensorflow/tpu's input, the benchmark's baseline),
 saved_measurements.py (what --save_policy keeps). Builds trainers through
 plan.backend; never imports a backend package.

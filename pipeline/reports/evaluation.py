@@ -95,7 +95,7 @@ class Evaluator:
                       'yet')
     result = self.trainer.evaluate(self.dataset, self.num_steps)
     report = make_report(result, step, self.plan.source,
-                         split_name(self.plan.config))
+                         split_name(sources.held_out(self.plan.config)))
     if self.plan.hardware.is_chief:
       write(report, self.plan.workdir)
     return report
@@ -175,9 +175,8 @@ def check_export_name(name):
                     '"export-", such as export-tensorflow')
 
 
-def split_name(config):
-  """A file-name-safe name of the split evaluated."""
-  split = sources.of(config).held_out(config)
+def split_name(split):
+  """A file-name-safe name of the split evaluated (a source's held_out)."""
   return re.sub(r'[^\w.-]+', '_', split).strip('_') or 'eval'
 
 

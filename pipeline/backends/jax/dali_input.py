@@ -1,4 +1,4 @@
-"""DALI's pipelines (data/dali.py) onto the data-parallel mesh, through
+"""DALI's pipelines (data/dali/) onto the data-parallel mesh, through
 DALI's JAX plugin.
 
 One pipeline per local device of the mesh reads its shard of the records.

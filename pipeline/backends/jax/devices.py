@@ -74,7 +74,7 @@ def _keep_tensorflow_off_the_gpus():
 
 
 # What DALI needs of a GPU it decodes on beside JAX: its batches decoded
-# ahead (at most 2 GiB, data/dali.py) and nvJPEG's buffers.
+# ahead (at most 2 GiB, data/dali/) and nvJPEG's buffers.
 DALI_GPU_BYTES = 4 << 30
 MEMORY_FRACTION = 'XLA_PYTHON_CLIENT_MEM_FRACTION'
 

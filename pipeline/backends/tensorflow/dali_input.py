@@ -1,4 +1,4 @@
-"""DALI's pipelines (data/dali.py) as tf.data datasets, through DALI's
+"""DALI's pipelines (data/dali/) as tf.data datasets, through DALI's
 TensorFlow plugin (nvidia-dali-tf-plugin-cuda120, compiled against the
 installed TensorFlow as it installs).
 

@@ -6,7 +6,7 @@ hardware JPEG decoder of A100 and H100 (device='mixed'). Without a GPU the
 same pipeline decodes on the CPU.
 
 It reads the TFRecord files tf.data reads, through an index per file
-(dali_index.py), with tf.data's preprocessing (each augmentation's parts,
+(index.py), with tf.data's preprocessing (each augmentation's parts,
 augmentations/: the inception crop decoded alone, flips, DALI's own
 RandAugment, translations), evaluation's central crop, and label_offset;
 the records split into shards (one per host, or per GPU), each read by its
@@ -26,7 +26,7 @@ from typing import Optional
 from absl import logging
 
 from pipeline.data import augmentations
-from pipeline.data import dali_index
+from pipeline.data.dali import index as dali_index
 from pipeline.data import sources
 from pipeline.errors import UserError
 
@@ -45,31 +45,31 @@ def installed():
     return False
 
 
-def refusal(config, source):
-  """Why DALI cannot run `config` on its loaded `source`, or ''."""
+def refusal(spec, source):
+  """Why DALI cannot run the input of `spec` (an InputSpec) on its loaded
+  `source`, or ''."""
   if not source.record_files:
     return ('DALI reads TFRecord files: --config.dataset=tfrecord (write '
             'them with launch.make_tfrecords)')
-  if config.mixup_alpha or config.cutmix_alpha:
+  if spec.mixup_alpha or spec.cutmix_alpha:
     return ('mixup and CutMix run in tf.data: set --config.mixup_alpha=0 '
             '--config.cutmix_alpha=0, or --config.input_pipeline=tf.data')
-  if config.data_service:
+  if spec.data_service:
     return 'a tf.data service runs tf.data: --config.input_pipeline=tf.data'
-  if config.eval_image_size != config.image_size:
+  if spec.eval_image_size != spec.image_size:
     return (f'its pipelines evaluate at the training size, not '
-            f'eval_image_size={config.eval_image_size}: set '
-            f'--config.eval_image_size={config.image_size}, or '
+            f'eval_image_size={spec.eval_image_size}: set '
+            f'--config.eval_image_size={spec.image_size}, or '
             '--config.input_pipeline=tf.data')
-  if augmentations.of(config).autoaugment:
+  if spec.augmentation.autoaugment:
     return ('AutoAugment (augment=inception_autoaugment) runs in tf.data: '
             '--config.input_pipeline=tf.data, or augment='
             'inception_randaugment')
-  if config.progressive_stages:
+  if spec.staged:
     return ('progressive learning rebuilds the input at each stage\'s size, '
             'which tf.data does: --config.input_pipeline=tf.data')
-  magnitude = config.randaugment_magnitude
-  if (augmentations.of(config).randaugment and
-      magnitude != int(magnitude)):
+  magnitude = spec.randaugment.magnitude
+  if spec.augmentation.randaugment and magnitude != int(magnitude):
     return (f'its RandAugment takes whole magnitudes, not '
             f'randaugment_magnitude={magnitude:g}: round it, or '
             '--config.input_pipeline=tf.data')
@@ -80,12 +80,12 @@ def refusal(config, source):
   return ''
 
 
-def check(config, source):
-  """One line where DALI cannot run `config` on its loaded `source`."""
+def check(spec, source):
+  """One line where DALI cannot run `spec`'s input on its loaded `source`."""
   if not installed():
     raise UserError(f'--config.input_pipeline=dali: DALI is not installed; '
                     f'{INSTALL}')
-  why = refusal(config, source)
+  why = refusal(spec, source)
   if why:
     raise UserError(f'--config.input_pipeline=dali: {why}')
 

@@ -3,7 +3,7 @@
 run_comparison() trains one run per (policy, seed), each in a fresh process
 of `python -m launch.train` (a dtype policy, and the graph rewrite, are
 process-global), all from the same seed, split and number of examples, then
-hands the finished runs to compare_report, which writes comparison.md,
+hands the finished runs to report.py, which writes comparison.md,
 comparison.json and comparison.png into the root that holds the runs, so
 `tensorboard --logdir ROOT` overlays them.
 """
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from pipeline.reports import compare_report
+from pipeline.reports.compare import report as comparison_report
 from pipeline.rules.speed import precision
 from pipeline.data import sources
 from pipeline.rules.machine import stopping
@@ -163,34 +163,35 @@ def run_comparison(request, config):
   os.makedirs(request.root, exist_ok=True)
   metrics_by_run = {}
   with stopping.armed():
-    _train_all(runs, request, config, examples_per_epoch, metrics_by_run)
+    _train_all(runs, request, config.epochs, examples_per_epoch,
+               metrics_by_run)
   if not metrics_by_run:
     raise UserError(f'no run finished; see the train.log files under '
                     f'{request.root}')
 
-  compare_report.report(request, runs, metrics_by_run, examples_per_epoch,
+  comparison_report.report(request, runs, metrics_by_run, examples_per_epoch,
                         config.epochs)
   return len(metrics_by_run) == len(runs)
 
 
-def _train_all(runs, request, config, examples_per_epoch, metrics_by_run):
+def _train_all(runs, request, epochs, examples_per_epoch, metrics_by_run):
   """Trains or reuses each run in turn, into `metrics_by_run`; a stop
   request stops the run in progress and the comparison, naming what
   finished."""
   for index, run in enumerate(runs, 1):
     label = f'[{index}/{len(runs)}] {run.name}'
-    metrics = finished_metrics(run, examples_per_epoch, config.epochs)
+    metrics = finished_metrics(run, examples_per_epoch, epochs)
     if metrics:
       print(f'{label}: finished earlier, reusing {run.metrics_path}',
             flush=True)
     else:
       print(f'{label}: training, batch {run.global_batch_size}, '
             f'{examples_per_epoch // run.global_batch_size} steps x '
-            f'{config.epochs} epoch(s); log {run.log_path}', flush=True)
+            f'{epochs} epoch(s); log {run.log_path}', flush=True)
       start = time.perf_counter()
       try:
         metrics = train_one(run, child_command(
-            run, request.forwarded_args, examples_per_epoch, config.epochs))
+            run, request.forwarded_args, examples_per_epoch, epochs))
       except stopping.Stopped as e:
         finished = ', '.join(metrics_by_run) or 'none'
         raise stopping.Stopped(

@@ -2,7 +2,7 @@
 
 Reads the finished runs' metrics.json and TensorBoard scalars; writes
 comparison.md, comparison.json and comparison.png into the comparison's
-root. Running the runs is pipeline/reports/compare.py.
+root. Running the runs is this package's __init__.
 """
 
 import json
