@@ -302,6 +302,51 @@ def test_the_plan_check_finds_both():
       'def h(plan, cfg):\n  pass\n') == ['f', 'g']
 
 
+# Each consumer is given what it reads: a function reading a field or two
+# takes those values, a part its parts.Settings. The config is taken whole
+# where it is resolved, checked, recorded or forwarded to a process (the
+# plan, validation, the run's identity, the launchers, the probe's
+# variants, configs/default.py's sections).
+MAX_WHOLE_CONFIG_FUNCTIONS = 40
+
+
+def _take_config(text):
+  return [node.name for node in ast.walk(ast.parse(text))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and 'config' in {a.arg for a in node.args.args +
+                           node.args.kwonlyargs}]
+
+
+def test_few_functions_take_the_whole_config():
+  taking = [f'{module}: {name}' for module, path in sorted(MODULES.items())
+            for name in _take_config(open(path, encoding='utf-8').read())]
+  assert len(taking) <= MAX_WHOLE_CONFIG_FUNCTIONS, '\n'.join(taking)
+
+
+def test_the_config_count_finds_each_form():
+  assert _take_config('def f(config):\n  pass\n'
+                      'def g(a, *, config=None):\n  pass\n'
+                      'def h(settings):\n  pass\n') == ['f', 'g']
+
+
+def test_a_part_reads_only_its_own_keys():
+  from pipeline import parts  # pylint: disable=g-import-not-at-top
+  from pipeline.data import sources  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.dataset = 'csv'
+  settings = sources.SOURCES.settings(config)
+  assert set(settings) == {'dataset', 'train_csv', 'eval_csv',
+                           'eval_fraction', 'num_classes'}
+  assert settings.eval_fraction == config.eval_fraction
+  with pytest.raises(AttributeError, match="'image_size' is not a key of "
+                     'this part'):
+    settings.image_size  # pylint: disable=pointless-statement
+  with pytest.raises(KeyError):
+    settings['train_files']  # pylint: disable=pointless-statement
+  assert isinstance(settings, parts.Settings)
+
+
 @pytest.mark.parametrize('module', sorted(MODULES))
 def test_modules_and_functions_stay_readable(module):
   text = open(MODULES[module], encoding='utf-8').read()

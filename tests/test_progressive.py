@@ -31,8 +31,9 @@ def _sizes(stages):
 
 def test_the_default_at_64_px_trains_at_32_then_64_on_epoch_boundaries():
   config = _config(image_size=64, progressive_stages=2, epochs=3)
-  progressive.check(config)
-  first, last = progressive.stages(config, steps_per_epoch=22)
+  progression = progressive.Progression.of(config)
+  progressive.check(progression)
+  first, last = progressive.stages(progression, steps_per_epoch=22)
   assert (first.first_step, first.end_step, first.image_size) == (0, 22, 32)
   assert (last.first_step, last.end_step, last.image_size) == (22, 66, 64)
   # From a third of the run's magnitude and half its dropout to its own.
@@ -48,8 +49,9 @@ def test_efficientnetv2_s_takes_the_papers_four_stages_from_128_px():
                    randaugment_magnitude=15.0, dropout_rate=0.3)
   progressive.resolve_count(config)
   assert config.progressive_stages == 4
-  progressive.check(config)
-  stages = progressive.stages(config, steps_per_epoch=10)
+  progression = progressive.Progression.of(config)
+  progressive.check(progression)
+  stages = progressive.stages(progression, steps_per_epoch=10)
   assert _sizes(stages) == [128, 192, 240, 300]
   assert [round(s.randaugment_magnitude, 2) for s in stages] == [
       5.0, 8.33, 11.67, 15.0]
@@ -77,7 +79,7 @@ def test_efficientnetv2_s_takes_the_papers_four_stages_from_128_px():
 def test_stages_that_cannot_run_are_one_line(overrides, message):
   config = _config(**dict(dict(image_size=64), **overrides))
   with pytest.raises(UserError, match=re.escape(message)):
-    progressive.check(config)
+    progressive.check(progressive.Progression.of(config))
 
 
 def test_the_dry_run_says_the_stages_of_efficientnetv2_s(tfds_dir, tmp_path):

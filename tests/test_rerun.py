@@ -152,7 +152,8 @@ def test_the_default_workdir_gives_a_changed_recipe_its_own(first_run,
   before = tree_digest(workdir)
   changed = _config(tfds_dir, base_learning_rate=0.05)
   opened = _opened(changed, workdir, default_workdir=True)
-  own = f'{workdir}-r{run_workdir.recipe_digest(changed, "float32")}'
+  digest = run_workdir.recipe_digest(run_workdir.recipe(changed, 'float32'))
+  own = f'{workdir}-r{digest}'
   assert opened.workdir.url == own and not opened.resumed
   _ran(_resolve(changed, workdir, default_workdir=True))
   assert tree_digest(workdir) == before

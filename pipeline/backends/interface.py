@@ -4,14 +4,22 @@ Keras 3 keeps one `Trainer` interface and a trainer per backend
 (keras/src/backend/{tensorflow,jax}/trainer.py); so does this pipeline. The
 training loop, its actions, the evaluator, the benchmark and the export
 call only what is declared here, with plain Python values at the seam (an
-`int` step, floats and numpy arrays out of `train` and `evaluate`).
+`int` step, floats and numpy arrays out of `train` and `evaluate`). The
+types are named, not imported (the plan is a floor above; data's inputs
+load TensorFlow): the seam costs no import.
 """
 
 import contextlib
-from typing import Callable, Iterable, Optional, Protocol
+from typing import Callable, Iterable, Optional, Protocol, Union
+
+import numpy as np
 
 from pipeline.storage.checkpoint_format import Format
 
+# The types at the seam, by the names their modules give them:
+# rules.config.request.Request, rules.machine.hardware.Hardware,
+# run.plan.Plan, data.inputs.TfDataInput, data.dali.Input (DaliInput here),
+# each backend's ema.MovingAverage and keras.Model.
 
 
 class Trainer(Protocol):
@@ -19,7 +27,7 @@ class Trainer(Protocol):
 
   model: 'keras.Model'  # Exported, and loaded by init_from.
   # The moving average (reset() restarts it; each backend's ema.py), or None.
-  ema: Optional[object]
+  ema: Optional['MovingAverage']
   num_classes: int
 
   @property
@@ -97,7 +105,7 @@ class Backend(Protocol):
     """Readies the cache folder before TensorFlow or JAX load (sets aside
     entries that would fail the run)."""
 
-  def resolve_hardware(self, request):
+  def resolve_hardware(self, request: 'Request') -> 'Hardware':
     """The rules.machine.hardware.Hardware of this process for a
     rules.config.request.Request, or a one-line UserError."""
 
@@ -105,25 +113,27 @@ class Backend(Protocol):
     """(policy, reason): the shared rule's choice, adjusted to what this
     backend can do, or a one-line UserError for a policy it cannot run."""
 
-  def choose_xla(self, requested: str, hardware, policy: str):
+  def choose_xla(self, requested: str, hardware: 'Hardware',
+                 policy: str) -> tuple:
     """(on, reason) for --xla=auto|on|off."""
 
-  def build_trainer(self, plan) -> Trainer:
+  def build_trainer(self, plan: 'Plan') -> Trainer:
     """Sets the policy and the seed and builds the Trainer."""
 
-  def distribute(self, hardware, batches) -> Iterable:
+  def distribute(self, hardware: 'Hardware',
+                 batches: Union['TfDataInput', 'DaliInput']) -> Iterable:
     """The batches data/ describes (a data.inputs.TfDataInput: a tf.data
     input function of a tf.distribute.InputContext; or a data.dali.Input:
     DALI's pipelines, decoded on the GPUs where the run has them) as the
     trainer takes them (iter() gives a fresh pass)."""
 
-  def repeated(self, hardware, images, labels,
-               delay_s: float = 0.0) -> Iterable:
+  def repeated(self, hardware: 'Hardware', images: np.ndarray,
+               labels: np.ndarray, delay_s: float = 0.0) -> Iterable:
     """One batch (this host's share, numpy) forever, as the trainer takes
     it: placed on the devices once where the backend can keep it there;
     each handed over `delay_s` seconds late (an input as slow as that)."""
 
-  def sum_over_workers(self, hardware) -> Callable:
+  def sum_over_workers(self, hardware: 'Hardware') -> Callable:
     """A function numpy vector -> the element-wise sum of every worker's,
     which every worker calls at the same step."""
 
@@ -131,7 +141,7 @@ class Backend(Protocol):
     """(start(logdir), stop()) of the profiler that writes TensorBoard's
     Profile tab."""
 
-  def write_saved_model(self, model, metadata: dict, path: str,
+  def write_saved_model(self, model: 'keras.Model', metadata: dict, path: str,
                         io_device: Optional[str] = None) -> None:
     """`model` (the export's weights in it) as a SavedModel at `path`, a
     plain TensorFlow graph (backends/tensorflow_exports.py)."""
@@ -147,7 +157,7 @@ class Backend(Protocol):
     the largest difference in probability from that SavedModel on a batch
     of `check_images` images."""
 
-  def peak_device_memory(self, hardware) -> Optional[int]:
+  def peak_device_memory(self, hardware: 'Hardware') -> Optional[int]:
     """Peak bytes this process held on its first accelerator, as the
     backend's own allocator counts them; None where it counts none (a
     CPU)."""

@@ -108,7 +108,10 @@ class Setup:
     self.optimizer.build(self.model.trainable_variables)
     self.ema = (ema_lib.MovingAverage(self.model, config.ema_decay)
                 if config.ema_decay else None)
-    self.objective = objective.Objective.of(config, num_classes)
+    self.objective = objective.Objective(
+        num_classes, config.label_smoothing, config.l2_weight_decay)
+    # The host batches' shape: (global batch, image size).
+    self.shape = (config.global_batch_size, config.image_size)
     self.step = programs.train_step(
         self.model, self.optimizer, self.objective, strategy, self.ema,
         accumulation=config.gradient_accumulation_steps)
@@ -156,7 +159,8 @@ class Probe:
     self.strategy = mesh.DataParallel(jax.devices())
     self.device = jax.devices()[0]
     self._host_batches = {}
-    self.host_batches = self.batches_of(config)
+    self.host_batches = self.batches_of(
+        (config.global_batch_size, config.image_size))
     self.results = {'machine': machine(self.device),
                     'config': {key: config[key] for key in (
                         'model', 'image_size', 'global_batch_size',
@@ -176,10 +180,10 @@ class Probe:
                                   self.strategy)
     return self.setups[policy]
 
-  def batches_of(self, config):
-    """A few distinct host batches of `config`'s batch and image size,
+  def batches_of(self, shape):
+    """A few distinct host batches of `shape` (global batch, image size),
     cycled: the host's cost is the copy."""
-    key = (config.global_batch_size, config.image_size)
+    key = shape
     if key not in self._host_batches:
       rng = np.random.default_rng(0)
       batch, size = key
@@ -189,17 +193,19 @@ class Probe:
           for _ in range(4)]
     return self._host_batches[key]
 
-  def on_devices(self, steps, config=None):
-    batches = self.batches_of(config or self.config)
+  def on_devices(self, steps, shape=None):
+    """`steps` batches of `shape` (a Setup's; the probe's own if None) on
+    the devices."""
+    batches = (self.batches_of(shape) if shape else self.host_batches)
     return [self.strategy.to_devices(batches[i % 4]) for i in range(steps)]
 
   def host_stream(self):
     while True:
       yield from self.host_batches
 
-  def images(self, executions, slots=None, config=None):
+  def images(self, executions, slots=None, batch=None):
     return (executions * (slots or self.slots) *
-            (config or self.config).global_batch_size)
+            (batch or self.config.global_batch_size))
 
   def run(self, stages, policy, variants=(), measured_apart=None):
     """Runs `stages` (letters of STAGES) in order, (a) first whatever they

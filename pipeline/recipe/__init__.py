@@ -17,4 +17,4 @@ def tables():
   # Here, not at the top: `import pipeline.recipe.x` need not build these.
   from pipeline.recipe import layers, models, optimizers, schedules  # pylint: disable=g-import-not-at-top
   return (models.MODELS, optimizers.OPTIMIZERS, schedules.SCHEDULES,
-          layers.BATCH_NORMS, layers.SQUEEZE_EXCITES, layers.DEPTHWISES)
+          *layers.FORM_TABLES)

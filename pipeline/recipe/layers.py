@@ -205,11 +205,9 @@ def _on_a_pixel(layer):
           tuple(layer.input.shape[1:3]) == (1, 1))
 
 
-def forms_of(config):
-  """The layer forms `config` names (configs/default.py holds their
-  defaults), as swap takes them."""
-  return {table.key: config[table.key]
-          for table in (BATCH_NORMS, SQUEEZE_EXCITES, DEPTHWISES)}
+# The tables of layer forms, each by its config key (configs/default.py
+# holds their defaults), as swap takes them.
+FORM_TABLES = (BATCH_NORMS, SQUEEZE_EXCITES, DEPTHWISES)
 
 
 def swap(network, batch_norm, squeeze_excite, depthwise):

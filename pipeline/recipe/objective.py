@@ -23,11 +23,6 @@ class Objective:
   label_smoothing: float = 0.0
   l2_weight_decay: float = 0.0
 
-  @classmethod
-  def of(cls, config, num_classes):
-    """The config's terms, over the classes its data resolved to."""
-    return cls(num_classes, config.label_smoothing, config.l2_weight_decay)
-
   def targets(self, labels):
     return targets(labels, self.num_classes)
 

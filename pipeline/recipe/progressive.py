@@ -52,21 +52,38 @@ class Stage:
     return dataclasses.asdict(self)
 
 
-def first_values(config):
-  """The first stage's values: each key's, or (left at FAMILY; the size at
-  0 too) the network's own (ModelFamily.progressive_first)."""
-  from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
-  own = models.MODELS[config.model].progressive_first(config.model) or {
-      'image_size': max(SMALLEST, _on_step(config.image_size // 2)),
-      'randaugment_magnitude': config.randaugment_magnitude / 3,
-      'mixup_alpha': 0.0, 'dropout_rate': config.dropout_rate / 2}
-  given = {'image_size': config.progressive_first_image_size or FAMILY,
-           'randaugment_magnitude':
-               config.progressive_first_randaugment_magnitude,
-           'mixup_alpha': config.progressive_first_mixup_alpha,
-           'dropout_rate': config.progressive_first_dropout_rate}
-  return {name: own[name] if value == FAMILY else value
-          for name, value in given.items()}
+@dataclasses.dataclass(frozen=True)
+class Progression:
+  """What a run asks of progressive learning: its stage count (0: off), its
+  epochs, and the first and last stages' values (image_size,
+  randaugment_magnitude, mixup_alpha, dropout_rate)."""
+  count: int
+  epochs: int
+  first: dict
+  last: dict
+
+  @classmethod
+  def of(cls, config):
+    """The config's (its sizes resolved, resolve_count run): the first
+    stage's values each key's, or (left at FAMILY; the size at 0 too) the
+    network's own (ModelFamily.progressive_first)."""
+    from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
+    last = {'image_size': config.image_size,
+            'randaugment_magnitude': config.randaugment_magnitude,
+            'mixup_alpha': config.mixup_alpha,
+            'dropout_rate': config.dropout_rate}
+    own = models.MODELS[config.model].progressive_first(config.model) or {
+        'image_size': max(SMALLEST, _on_step(config.image_size // 2)),
+        'randaugment_magnitude': config.randaugment_magnitude / 3,
+        'mixup_alpha': 0.0, 'dropout_rate': config.dropout_rate / 2}
+    given = {'image_size': config.progressive_first_image_size or FAMILY,
+             'randaugment_magnitude':
+                 config.progressive_first_randaugment_magnitude,
+             'mixup_alpha': config.progressive_first_mixup_alpha,
+             'dropout_rate': config.progressive_first_dropout_rate}
+    return cls(config.progressive_stages, config.epochs,
+               {name: own[name] if value == FAMILY else value
+                for name, value in given.items()}, last)
 
 
 def _on_step(size):
@@ -82,42 +99,39 @@ def resolve_count(config):
         config.model)
 
 
-def check(config):
+def check(progression):
   """A one-line UserError for a stage count the epochs cannot hold, or a
   first stage the network cannot take or that does not grow; None where
-  progressive learning is off or can run. Reads sizes already resolved."""
-  count = config.progressive_stages
+  progressive learning is off or can run."""
+  count, epochs = progression.count, progression.epochs
   if not count:
     return
-  if not (isinstance(count, int) and 2 <= count <= config.epochs):
+  if not (isinstance(count, int) and 2 <= count <= epochs):
     raise UserError(f'progressive_stages={count!r}: expected 0 (off), -1 '
                     "(the network's recipe) or 2 to the run's "
-                    f'{config.epochs} epochs (a stage is whole epochs)')
-  first = first_values(config)['image_size']
-  if not SMALLEST <= first < config.image_size:
+                    f'{epochs} epochs (a stage is whole epochs)')
+  first, last = (progression.first['image_size'],
+                 progression.last['image_size'])
+  if not SMALLEST <= first < last:
     raise UserError(
         f"progressive learning's first size {first} px must be at least "
-        f'{SMALLEST} px and below the training size, {config.image_size} px: '
+        f'{SMALLEST} px and below the training size, {last} px: '
         'set --config.progressive_first_image_size, or a larger image_size')
-  sizes = [stage.image_size for stage in stages(config, 1)]
+  sizes = [stage.image_size for stage in stages(progression, 1)]
   if len(set(sizes)) != len(sizes):
     raise UserError(f'progressive learning from {first} to '
-                    f'{config.image_size} px in {count} stages repeats a '
+                    f'{last} px in {count} stages repeats a '
                     f'size ({", ".join(map(str, sizes))}; they step by '
                     f'{SIZE_STEP} px): fewer stages, or a smaller first size')
 
 
-def stages(config, steps_per_epoch):
+def stages(progression, steps_per_epoch):
   """The run's Stages, in order: one, the whole run, where progressive
-  learning is off (check() has passed the config)."""
-  count, epochs = config.progressive_stages, config.epochs
-  last = {'image_size': config.image_size,
-          'randaugment_magnitude': config.randaugment_magnitude,
-          'mixup_alpha': config.mixup_alpha,
-          'dropout_rate': config.dropout_rate}
+  learning is off (check() has passed it)."""
+  count, epochs = progression.count, progression.epochs
+  first, last = progression.first, progression.last
   if not count:
     return (Stage(0, 0, epochs * steps_per_epoch, **last),)
-  first = first_values(config)
   found = []
   for index in range(count):
     share = index / (count - 1)

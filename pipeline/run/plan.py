@@ -23,7 +23,6 @@ from pipeline.data import cache as cache_lib
 from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import input_spec
 from pipeline.data import sources
-from pipeline.errors import UserError
 from pipeline.rules.config import classes
 from pipeline.rules.speed import compile_cache as compile_cache_lib
 from pipeline.rules.machine import hardware as hardware_lib
@@ -202,7 +201,7 @@ class Plan:
         f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
         '256',
         *([f'Classes: {_names(self.source.class_names)}']
-          if sources.of(config).names_classes and self.source.class_names
+          if sources.SOURCES.of(config).names_classes and self.source.class_names
           else []),
         f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
         f'cache {self.cache_kind} ({self.cache_reason}); {self.input.describe()}',
@@ -256,7 +255,8 @@ def resolve(config, request, hardware=None):
                              config.eval_image_size)
   config.image_size, config.eval_image_size = sizes.train, sizes.eval
   progressive.resolve_count(config)
-  progressive.check(config)
+  progression = progressive.Progression.of(config)
+  progressive.check(progression)
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
@@ -265,6 +265,7 @@ def resolve(config, request, hardware=None):
                                     resolved_precision.policy)
   workdir, resumed = opened.workdir, opened.resumed
   source = sources.load_source(config)
+  source.check_eval_size(sizes)
   tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
   initial_weights = finetune.describe(tuning)
   if workdir and hardware.is_chief:
@@ -274,7 +275,7 @@ def resolve(config, request, hardware=None):
       initial_weights = finetune.check_source(
           tuning, source.class_names, request.staging_dir)
   input_pipeline, input_reason = input_pipeline_lib.choose(
-      config, source, hardware.device_kind,
+      config.input_pipeline, spec, source, hardware.device_kind,
       input_pipeline_lib.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
   cache_kind, cache_reason = (
       cache_lib.choose(spec, source)
@@ -294,7 +295,8 @@ def resolve(config, request, hardware=None):
       cache_kind=cache_kind, cache_reason=cache_reason,
       frozen_steps=finetune.frozen_steps(tuning, steps_per_epoch),
       backend=backend, backend_reason=backend_reason,
-      compile_cache=_compile_cache(config), input_pipeline=input_pipeline,
+      compile_cache=compile_cache_lib.chosen_for(config.compile_cache_dir),
+      input_pipeline=input_pipeline,
       input_pipeline_reason=input_reason, staging_dir=request.staging_dir,
       initial_weights=initial_weights,
       profile_window=validation.profile_window(config.profile_steps),
@@ -302,10 +304,11 @@ def resolve(config, request, hardware=None):
           hardware.gpu_name or hardware.device_kind, backend.software(),
           saved_rate.step_key(config, hardware.num_replicas,
                               resolved_precision.policy)),
-      objective=objective_lib.Objective.of(config, source.num_classes),
+      objective=objective_lib.Objective(
+          source.num_classes, config.label_smoothing, config.l2_weight_decay),
       input=spec, fine_tuning=tuning,
       accepted_changes=opened.accepted_changes, image_sizes=sizes,
-      stages=progressive.stages(config, steps_per_epoch))
+      stages=progressive.stages(progression, steps_per_epoch))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():
@@ -327,19 +330,6 @@ def _measured(request, hardware, backend):
     return None
   return (saved_policy.load(hardware.gpu_name, backend.software()) or
           backends.measured_policy(hardware.gpu_name, backend))
-
-
-def _compile_cache(config):
-  """What environment.prepare set up before TensorFlow loaded (None in a
-  process that did not run it); the config must agree with it."""
-  settings = compile_cache_lib.chosen()
-  if settings and config.compile_cache_dir != settings.setting:
-    raise UserError(
-        f'compile_cache_dir={config.compile_cache_dir!r} came from a config '
-        'file; XLA reads it as TensorFlow loads, before configs are: give it '
-        f'on the command line, --config.compile_cache_dir='
-        f'{config.compile_cache_dir}')
-  return settings
 
 
 def _names(names, shown=20):

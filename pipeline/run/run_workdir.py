@@ -87,23 +87,24 @@ def recipe(config, policy):
   return json.loads(json.dumps(values, default=str))
 
 
-def recipe_digest(config, policy):
+def recipe_digest(ours):
   """Eight hex digits that name a recipe (the default workdir of a
   changed one)."""
-  text = json.dumps(recipe(config, policy), sort_keys=True)
+  text = json.dumps(ours, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def changes_from(saved, config, policy, url):
-  """The Changes from the run.json `saved` to this run's recipe (`config`
-  resolved: its sizes the network's where they were 0, as theirs are)."""
+def changes_from(saved, ours, url):
+  """The Changes from the run.json `saved` to this run's recipe `ours`
+  (its config resolved: its sizes the network's where they were 0, as
+  theirs are)."""
   theirs = validation.complete(saved['config'], source=f'{url}/run.json')
   # A run.json from before a size key existed holds its default, 0.
   sizes = models.image_sizes(theirs.model, theirs.image_size,
                              theirs.eval_image_size)
   theirs.image_size, theirs.eval_image_size = sizes.train, sizes.eval
-  theirs = recipe(theirs, saved.get('resolved', {}).get('policy', policy))
-  ours = recipe(config, policy)
+  theirs = recipe(theirs, saved.get('resolved', {}).get(
+      'policy', ours[RECIPE_POLICY]))
   return [Change(key, theirs[key], ours[key]) for key in ours
           if theirs.get(key) != ours[key]]
 
@@ -115,32 +116,33 @@ def open_workdir(config, request, hardware, backend, policy):
   the chief alone checks and refuses."""
   if request.workdir is None:
     return Opened()
-  _check_accepted_keys(request.accept_changes, config)
+  _check_accepted_keys(request.accept_changes, tuple(config))
+  ours = recipe(config, policy)
   url = request.workdir
   if request.trains and request.default_workdir:
-    url = _default_workdir_of(url, config, policy, request)
+    url = _default_workdir_of(url, ours, request)
   if hardware.tpu_workers_remote:
     workdirs.check_remote_tpu_paths(
-        {'workdir': url, **sources.of(config).inputs(config),
+        {'workdir': url, **sources.inputs(config),
          **cache_lib.written_paths(config.cache)})
   workdir = _workdir(url, request)
   if not hardware.is_chief:
     return Opened(workdir)
   workdir.check()  # For gs://: bucket exists and takes a write, or one line.
-  saved = check_same_run(workdir, config, backend if request.trains else None)
+  saved = check_same_run(workdir, ours, backend if request.trains else None)
   if not saved:
     return Opened(workdir)
   if not request.trains:  # launch.evaluate: the run's config, overridden.
     return Opened(workdir, True)
   accepted = _accepted(workdir, saved,
-                       changes_from(saved, config, policy, workdir.url),
+                       changes_from(saved, ours, workdir.url),
                        request.accept_changes)
   return Opened(workdir, True, accepted)
 
 
-def check_same_run(workdir, config, backend=None):
-  """The run.json of the run the workdir holds (None: none), checked for
-  the backend: a one-line UserError if the `backend` that would resume it
+def check_same_run(workdir, ours, backend=None):
+  """The run.json of the run the workdir holds (None: none), checked
+  against this run's recipe `ours` and the backend: a one-line UserError if the `backend` that would resume it
   is not the one that trained it (each resumes from its own checkpoint
   files, and the other's would be passed over and the run start again),
   or if it holds another data set or network (RUN_IDENTITY)."""
@@ -148,10 +150,10 @@ def check_same_run(workdir, config, backend=None):
   if not saved:
     return None
   for key in RUN_IDENTITY:
-    if saved['config'].get(key, config[key]) != config[key]:
+    if saved['config'].get(key, ours[key]) != ours[key]:
       raise UserError(
           f'workdir {workdir.url!r} holds a run with {key}='
-          f'{saved["config"][key]!r}, not {config[key]!r}; use another '
+          f'{saved["config"][key]!r}, not {ours[key]!r}; use another '
           '--workdir to start a new run')
   trained_on = backends.trained_on(saved.get('resolved', {}))
   if backend and trained_on is not backend:
@@ -196,17 +198,17 @@ def print_accepted(url, change, finished):
                  change.old, change.new, url)
 
 
-def _default_workdir_of(url, config, policy, request):
+def _default_workdir_of(url, ours, request):
   """The default workdir, or where it holds another recipe, the recipe's
   own beside it (URL-rDIGEST), said with why."""
   saved = _workdir(url, request).read_json('run.json')
   if not saved:
     return url
-  changes = [change for change in changes_from(saved, config, policy, url)
+  changes = [change for change in changes_from(saved, ours, url)
              if change.key not in request.accept_changes]
   if not changes:
     return url
-  own = f'{url}-r{recipe_digest(config, policy)}'
+  own = f'{url}-r{recipe_digest(ours)}'
   logging.info('Workdir: %s holds another recipe (%s); this one trains in %s '
                '(--workdir=%s --accept_changes=%s trains that run on instead)',
                url, '; '.join(map(str, changes)), own, url,
@@ -214,15 +216,15 @@ def _default_workdir_of(url, config, policy, request):
   return own
 
 
-def _check_accepted_keys(keys, config):
+def _check_accepted_keys(keys, settings):
   """A one-line UserError for an --accept_changes key that no change could
-  name."""
+  name (`settings`: the config's keys)."""
   for key in keys:
     if key in RUN_IDENTITY:
       raise UserError(f'--accept_changes={key}: a run cannot change its '
                       f'{key} (its checkpoints would not restore); use '
                       'another --workdir')
-    if key != RECIPE_POLICY and key not in config:
+    if key != RECIPE_POLICY and key not in settings:
       raise UserError(f'--accept_changes names {key!r}, no setting; '
                       'accepted: the keys of configs/default.py, or '
                       f'{RECIPE_POLICY}')

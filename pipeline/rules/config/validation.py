@@ -75,16 +75,17 @@ def validate(config, num_replicas, recipe_tables, data_tables):
   _check_schedule_of_work(config)
 
 
-def _one_of(config, key, accepted, describe=None):
-  if config[key] not in accepted:
-    raise UserError(f'unknown {key} {config[key]!r}; accepted: '
+def _one_of(key, value, accepted, describe=None):
+  if value not in accepted:
+    raise UserError(f'unknown {key} {value!r}; accepted: '
                     + (describe or ', '.join(accepted)))
 
 
-def _at_least(config, keys, low, why=''):
-  for key in keys:
-    if config[key] < low:
-      raise UserError(f'{key}={config[key]} must be {low} or more{why}')
+def _at_least(values, low, why=''):
+  """`values`: {key: value}."""
+  for key, value in values.items():
+    if value < low:
+      raise UserError(f'{key}={value} must be {low} or more{why}')
 
 
 def _check_batch(config, replicas):
@@ -120,10 +121,9 @@ def _check_recipe(config, tables):
   for key in ('drop_connect_rate', 'dropout_rate'):
     if not 0.0 <= config[key] < 1.0:
       raise UserError(f'{key}={config[key]} must be in [0, 1)')
-  _at_least(config, ('mixup_alpha', 'cutmix_alpha', 'l2_weight_decay',
-                     'weight_decay', 'label_smoothing', 'warmup_epochs',
-                     'grad_clip_norm'), 0,
-            ' (0 is off)')
+  _at_least({key: config[key] for key in (
+      'mixup_alpha', 'cutmix_alpha', 'l2_weight_decay', 'weight_decay',
+      'label_smoothing', 'warmup_epochs', 'grad_clip_norm')}, 0, ' (0 is off)')
   if config.base_learning_rate <= 0:
     raise UserError(f'base_learning_rate={config.base_learning_rate} must be '
                     'more than 0')
@@ -142,22 +142,22 @@ def _check_recipe(config, tables):
 CACHE_OFF = ('none', 'off', 'no', 'false')
 
 
-def _check_cache(config):
+def _cache_setting(value):
   """'memory', '' (off) or a file prefix that is plainly a path; the words
   for off become ''. A bare word would have been a file cache named after
   it, written into the current folder ('none-train-0.*')."""
-  value = config.cache
   if value.lower() in CACHE_OFF:
-    config.cache = ''
-  elif value not in ('', 'memory') and not (
+    return ''
+  if value not in ('', 'memory') and not (
       '/' in value or value.startswith(('~', '.'))):
     raise UserError(f"cache={value!r} is neither 'memory', '' or none (off), "
                     'nor a path: a file cache is a path prefix, e.g. '
                     f'./{value} or /tmp/cache/{value}')
+  return value
 
 
 def _check_input(config, tables):
-  _check_cache(config)
+  config.cache = _cache_setting(config.cache)
   for table in tables:
     table.check(config)
   address = config.data_service
@@ -172,15 +172,17 @@ def _check_input(config, tables):
 
 def _check_schedule_of_work(config):
   """Intervals, retention, evaluation, export and recovery settings."""
-  _at_least(config, ('epochs', 'log_every_steps', 'checkpoint_every_steps',
-                     'keep_checkpoints', 'recovery_max_skipped_executions'), 1)
-  _at_least(config, ('recovery_max_trials',), 0)
+  _at_least({key: config[key] for key in (
+      'epochs', 'log_every_steps', 'checkpoint_every_steps',
+      'keep_checkpoints', 'recovery_max_skipped_executions')}, 1)
+  _at_least({'recovery_max_trials': config.recovery_max_trials}, 0)
   if config.eval_every_epochs < 0:
     raise UserError(f'eval_every_epochs={config.eval_every_epochs} must be '
                     '0 (only at the end) or more')
-  _one_of(config, 'keep_best_metric', KEEP_BEST_METRICS,
+  _one_of('keep_best_metric', config.keep_best_metric, KEEP_BEST_METRICS,
           "'' (off), eval_accuracy, eval_loss")
-  _one_of(config, 'export_tflite', TFLITE_WEIGHTS, "'' (off), float32, float16")
+  _one_of('export_tflite', config.export_tflite, TFLITE_WEIGHTS,
+          "'' (off), float32, float16")
   for tracker in [n.strip() for n in config.tracking.split(',') if n.strip()]:
     if tracker not in TRACKERS:
       raise UserError(f'tracking={config.tracking!r}: unknown tracker '

@@ -83,5 +83,17 @@ def chosen():
   return _chosen[0] if _chosen else None
 
 
+def chosen_for(setting):
+  """chosen(), which the config's compile_cache_dir `setting` must agree
+  with: XLA reads it as the framework loads, before a config file is."""
+  settings = chosen()
+  if settings and setting != settings.setting:
+    raise UserError(
+        f'compile_cache_dir={setting!r} came from a config file; XLA reads '
+        'it as TensorFlow loads, before configs are: give it on the command '
+        f'line, --config.compile_cache_dir={setting}')
+  return settings
+
+
 def keep(settings):
   _chosen[:] = [settings]
