@@ -121,7 +121,8 @@ class Table:
     """The Settings of the part `config` names: its own keys' values, and
     this table's key (the name it was given by)."""
     part = self.of(config)
-    return Settings({key: config[key] for key in (self.key, *part.keys)})
+    return Settings({key: getattr(config, key)
+                     for key in (self.key, *part.keys)})
 
   def listed(self):
     """The accepted names, as an error lists them."""

@@ -222,7 +222,7 @@ def test_the_loss_scale_doubles_after_its_growth_steps_of_good_ones():
                               None)
   for _ in range(4):
     unscaled, _ = _run(plain, strategy, unscaled, *_batches(1), 1)
-  np.testing.assert_allclose(state.trainable[0], unscaled['trainable'][0],
+  np.testing.assert_allclose(state.trainable[0], unscaled.trainable[0],
                              rtol=1e-5, atol=1e-6)
 
 
