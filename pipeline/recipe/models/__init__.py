@@ -36,12 +36,6 @@ class ImageSizes:
   train_from: str
   eval_from: str
 
-  @property
-  def eval_given(self):
-    """Whether eval_image_size was given (not the network's, nor the
-    training size)."""
-    return self.eval_from == 'eval_image_size'
-
   def describe(self):
     """'380 px training, 380 px evaluation (efficientnet_b4's own: ...)'."""
     if self.train_from == self.eval_from:
@@ -125,8 +119,7 @@ def model_of_config(config, num_classes):
                      config.image_size if fixed else None,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate,
-                     forms={table.key: config[table.key]
-                            for table in layers.FORM_TABLES})
+                     forms=layers.forms_of(config))
 
 
 def set_head_dropout(model, rate):
