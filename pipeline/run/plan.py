@@ -265,7 +265,6 @@ def resolve(config, request, hardware=None):
                                     resolved_precision.policy)
   workdir, resumed = opened.workdir, opened.resumed
   source = sources.load_source(config)
-  source.check_eval_size(sizes)
   tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
   initial_weights = finetune.describe(tuning)
   if workdir and hardware.is_chief:

@@ -51,26 +51,12 @@ class Source:
   record_files: dict = dataclasses.field(default_factory=dict)
   # What its stored labels count from: the parsed labels are less by it.
   label_offset: int = 0
-  # Its images' longest side where every image has it (a tensorflow-datasets
-  # set of fixed shape); 0: they differ, or it is unknown before decoding.
-  image_side: int = 0
 
   def all_record_files(self):
     """Both splits' record files (where an undecodable record is looked
     for)."""
     return tuple(self.record_files.get('train', ()) +
                  self.record_files.get('eval', ()))
-
-  def check_eval_size(self, sizes):
-    """A one-line UserError where eval_image_size was given above both the
-    training size and the images' own (`sizes`: models.ImageSizes):
-    evaluating larger than the images are adds no detail, only cost."""
-    if (sizes.eval_given and self.image_side and
-        sizes.eval > max(self.image_side, sizes.train)):
-      raise UserError(
-          f'eval_image_size={sizes.eval} is larger than the images of '
-          f'{self.name} ({self.image_side} px), which adds no detail: use 0 '
-          f'(the training size, {sizes.train} px)')
 
   def class_name(self, index):
     return self.class_names[index] if self.class_names else str(index)

@@ -108,14 +108,7 @@ def _load(settings):
                 parse=lambda image, label, split: (image, label, split),
                 class_names=tuple(features['label'].names),
                 encoded_bytes=sum(_num_bytes(builder, v)
-                                  for v in splits.values()),
-                image_side=_fixed_side(features['image'].shape))
-
-
-def _fixed_side(shape):
-  """The longest side of a set whose images all have one shape, else 0."""
-  height, width = shape[:2]
-  return max(height, width) if height and width else 0
+                                  for v in splits.values()))
 
 
 def _held_out_split(builder):
