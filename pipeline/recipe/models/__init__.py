@@ -119,7 +119,8 @@ def model_of_config(config, num_classes):
                      config.image_size if fixed else None,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate,
-                     forms=layers.forms_of(config))
+                     forms={table.key: config[table.key]
+                            for table in layers.FORM_TABLES})
 
 
 def set_head_dropout(model, rate):
