@@ -44,6 +44,7 @@ import keras
 from keras import ops
 
 from pipeline import parts
+from pipeline.errors import UserError
 
 
 @ops.custom_gradient
@@ -147,6 +148,68 @@ class ShiftedDepthwiseConv2D(keras.layers.DepthwiseConv2D):
     return self.activation(outputs) if self.activation else outputs
 
 
+class _DirectDepthwiseConv2D(keras.layers.DepthwiseConv2D):
+  """keras.layers.DepthwiseConv2D whose plain case (channels last, one
+  filter a channel, no dilation) runs `_convolve`; Keras' own code
+  otherwise. Same variables."""
+
+  def _convolve(self, inputs, kernel, strides, padding):
+    raise NotImplementedError
+
+  def call(self, inputs):
+    if not (self.depth_multiplier == 1 and
+            self.data_format == 'channels_last' and
+            tuple(self.dilation_rate) == (1, 1)):
+      return super().call(inputs)
+    strides = tuple(self.strides)
+    padding = ((0, 0), (0, 0))
+    if self.padding == 'same':
+      padding = tuple(_same(size, kernel, stride) for size, kernel, stride in
+                      zip(inputs.shape[1:3], self.kernel_size, strides))
+    outputs = self._convolve(inputs, self.kernel[..., 0], strides, padding)
+    if outputs is None:
+      return super().call(inputs)
+    if self.use_bias:
+      outputs = ops.add(outputs, self.bias)
+    return self.activation(outputs) if self.activation else outputs
+
+
+class PallasDepthwiseConv2D(_DirectDepthwiseConv2D):
+  """A direct depthwise kernel in Pallas on GPUs (depthwise_pallas.py);
+  XLA's convolution where Pallas' GPU backend does not run, unless
+  PIPELINE_PALLAS_INTERPRET=1 interprets the kernels (tests). JAX only."""
+
+  def _convolve(self, inputs, kernel, strides, padding):
+    from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top
+    route = depthwise_pallas.pallas_route()
+    if not route:
+      return None
+    return depthwise_pallas.pallas_depthwise(inputs, kernel, strides,
+                                             padding, route == 'interpret')
+
+
+class PallasForwardDepthwiseConv2D(_DirectDepthwiseConv2D):
+  """PallasDepthwiseConv2D's forward kernel, XLA's gradients. JAX only."""
+
+  def _convolve(self, inputs, kernel, strides, padding):
+    from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top
+    route = depthwise_pallas.pallas_route()
+    if not route:
+      return None
+    return depthwise_pallas.pallas_forward_depthwise(
+        inputs, kernel, strides, padding, route == 'interpret')
+
+
+class StackedGradDepthwiseConv2D(_DirectDepthwiseConv2D):
+  """XLA's depthwise convolution and data gradient, the filter gradient
+  one reduction over the stacked taps (depthwise_xla.py). JAX only."""
+
+  def _convolve(self, inputs, kernel, strides, padding):
+    from pipeline.recipe import depthwise_xla  # pylint: disable=g-import-not-at-top
+    return depthwise_xla.stacked_grad_depthwise(inputs, kernel, strides,
+                                                padding)
+
+
 def _same(size, kernel, stride):
   """'same' padding of one axis as TensorFlow and cuDNN split it: the odd
   row or column after."""
@@ -160,7 +223,10 @@ def _same(size, kernel, stride):
 # either form reads into the other.
 for _layer, _keras_name in ((OnePassBatchNormalization, 'BatchNormalization'),
                             (Conv1x1AsMatmul, 'Conv2D'),
-                            (ShiftedDepthwiseConv2D, 'DepthwiseConv2D')):
+                            (ShiftedDepthwiseConv2D, 'DepthwiseConv2D'),
+                            (PallasDepthwiseConv2D, 'DepthwiseConv2D'),
+                            (PallasForwardDepthwiseConv2D, 'DepthwiseConv2D'),
+                            (StackedGradDepthwiseConv2D, 'DepthwiseConv2D')):
   _layer.__name__ = _layer.__qualname__ = _keras_name
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -169,6 +235,9 @@ class Form(parts.Part):
   name: str
   description: str
   layer: type
+  # Written in JAX (a Pallas kernel, a jax.custom_vjp): TensorFlow cannot
+  # compile it.
+  jax_only: bool = False
 
 
 # config.batch_norm, config.squeeze_excite and config.depthwise: each form's
@@ -194,6 +263,17 @@ DEPTHWISES.register(Form(
     'shifted', 'for CPUs: a sum of shifted slices times per-channel weights '
     "(XLA:CPU's own depthwise gradient is slow: 4.7x faster there; on an "
     "H200 0.80 of cuDNN's, the taps unfused)", ShiftedDepthwiseConv2D))
+DEPTHWISES.register(Form(
+    'pallas', 'a direct kernel in Pallas on GPUs (forward and both '
+    "gradients), XLA's convolution elsewhere; JAX only",
+    PallasDepthwiseConv2D, jax_only=True))
+DEPTHWISES.register(Form(
+    'pallas_forward', "depthwise=pallas's forward kernel on GPUs, XLA's "
+    'gradients; JAX only', PallasForwardDepthwiseConv2D, jax_only=True))
+DEPTHWISES.register(Form(
+    'stacked_grad', "XLA's convolution and data gradient, the filter "
+    'gradient one reduction over the stacked taps; JAX only',
+    StackedGradDepthwiseConv2D, jax_only=True))
 
 
 def _on_a_pixel(layer):
@@ -208,6 +288,18 @@ def _on_a_pixel(layer):
 # The tables of layer forms, each by its config key (configs/default.py
 # holds their defaults), as swap takes them.
 FORM_TABLES = (BATCH_NORMS, SQUEEZE_EXCITES, DEPTHWISES)
+
+
+def check_compiles(names, compiles_jax_only):
+  """A one-line UserError for a form of `names` (the config's values of
+  FORM_TABLES' keys, in order) written in JAX alone where the backend
+  (`compiles_jax_only`: its Backend.compiles_jax_only) cannot compile it."""
+  for table, name in zip(FORM_TABLES, names):
+    if table[name].jax_only and not compiles_jax_only:
+      raise UserError(
+          f'{table.key}={name} is written in JAX and trains on '
+          '--backend=jax only; on TensorFlow use '
+          f'{", ".join(f.name for f in table.parts() if not f.jax_only)}')
 
 
 def swap(network, batch_norm, squeeze_excite, depthwise):

@@ -37,6 +37,7 @@ from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
+from pipeline.recipe import layers
 from pipeline.recipe import models
 from pipeline.recipe import objective as objective_lib
 from pipeline.recipe import progressive
@@ -250,6 +251,9 @@ def resolve(config, request, hardware=None):
                                        resolved_precision.policy)
   validation.validate(config, hardware.num_replicas, recipe.tables(),
                       (sources.SOURCES, augmentations.AUGMENTATIONS))
+  layers.check_compiles(
+      [config[table.key] for table in layers.FORM_TABLES],
+      backend.compiles_jax_only)
   # Sizes left at 0 take the network's own; everything after reads them.
   sizes = models.image_sizes(config.model, config.image_size,
                              config.eval_image_size)
@@ -265,6 +269,7 @@ def resolve(config, request, hardware=None):
                                     resolved_precision.policy)
   workdir, resumed = opened.workdir, opened.resumed
   source = sources.load_source(config)
+  sizes.check_source(source.name, source.image_side)
   tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
   initial_weights = finetune.describe(tuning)
   if workdir and hardware.is_chief:

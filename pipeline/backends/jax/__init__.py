@@ -31,9 +31,15 @@ class JaxBackend:
   """The Backend interface on JAX (pipeline/backends/interface.py)."""
   name = 'jax'
   checkpoint_format = checkpoint_format.Format.KERAS_WEIGHTS
+  compiles_jax_only = True  # Layer forms written in JAX (Pallas).
 
   def software(self):
-    return f'jax-{backends.installed("jaxlib")}'
+    # cuDNN's own wheel where JAX's CUDA plugin brought one: its kernels
+    # are what XLA's convolution picks name.
+    cudnn = next(filter(None, map(backends.installed, (
+        'nvidia-cudnn-cu13', 'nvidia-cudnn-cu12'))), None)
+    return f'jax-{backends.installed("jaxlib")}' + (
+        f'-cudnn-{cudnn}' if cudnn else '')
 
   def compile_cache(self, setting, environ, gpus, accelerator, versions):
     del gpus  # JAX keys its entries by device and software itself.

@@ -1,0 +1,196 @@
+"""depthwise=pallas's kernels (pipeline/recipe/depthwise_pallas.py) on this
+CPU: interpreted, forward and both gradients within the dtype's rounding of
+XLA's convolution for every depthwise shape of B0 and EfficientNetV2-S;
+lowered through Triton for an H200 (what a GPU compiles, short of running
+it); and the forms in a network, Keras' variables kept. JAX only: CI runs
+it in the probe's environment, as a lent GPU machine has it."""
+
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip('jax')
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.recipe import depthwise_xla  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Every depthwise convolution of keras.applications' EfficientNetB0 at 224
+# px and EfficientNetV2S at 300 (its last training stage) and 384 px (its
+# evaluation), read off the built models: (rows, columns, channels, kernel,
+# stride, padding). B0's stride-2 layers pad first, then run 'valid' on odd
+# sizes; V2-S's run 'same', 19 px ones included.
+B0 = ((112, 112, 32, 3, 1, 'same'), (113, 113, 96, 3, 2, 'valid'),
+      (56, 56, 144, 3, 1, 'same'), (59, 59, 144, 5, 2, 'valid'),
+      (28, 28, 240, 5, 1, 'same'), (29, 29, 240, 3, 2, 'valid'),
+      (14, 14, 480, 3, 1, 'same'), (14, 14, 480, 5, 1, 'same'),
+      (14, 14, 672, 5, 1, 'same'), (17, 17, 672, 5, 2, 'valid'),
+      (7, 7, 1152, 5, 1, 'same'), (7, 7, 1152, 3, 1, 'same'))
+V2S = ((48, 48, 256, 3, 2, 'same'), (24, 24, 512, 3, 1, 'same'),
+       (24, 24, 768, 3, 1, 'same'), (24, 24, 960, 3, 1, 'same'),
+       (24, 24, 960, 3, 2, 'same'), (12, 12, 1536, 3, 1, 'same'),
+       (38, 38, 256, 3, 2, 'same'), (19, 19, 512, 3, 1, 'same'),
+       (19, 19, 768, 3, 1, 'same'), (19, 19, 960, 3, 1, 'same'),
+       (19, 19, 960, 3, 2, 'same'), (10, 10, 1536, 3, 1, 'same'))
+# Odd widths, channel counts that are no power of two, a kernel wider than
+# a tile's edge.
+ODD = ((9, 7, 5, 3, 1, 'same'), (11, 13, 70, 5, 2, 'same'),
+       (6, 5, 3, 5, 1, 'valid'))
+# One rounding of the dtype: the kernels and XLA both sum in float32 and
+# round once, so a sum that differs in its last float32 bits may round to
+# the neighbouring 16-bit value.
+ROUNDING = {jnp.bfloat16: 2.0 ** -7, jnp.float32: 2.0 ** -20}
+# float32 sums in another order: their roundings grow as the square root of
+# the terms (a filter gradient sums batch x rows x columns of them).
+FLOAT32_EPSILON = 2.0 ** -24
+
+
+def _padding(shape):
+  rows, columns, _, kernel, stride, padding = shape
+  if padding == 'valid':
+    return ((0, 0), (0, 0))
+  same = lambda size: (max((-(-size // stride) - 1) * stride + kernel - size,
+                           0))
+  return tuple((same(size) // 2, same(size) - same(size) // 2)
+               for size in (rows, columns))
+
+
+def _both_ways(shape, dtype, batch=2):
+  """(the kernels', XLA's) [output, input gradient, filter gradient] for
+  random inputs of `shape` and an upstream gradient, as float32."""
+  rows, columns, channels, kernel, stride, _ = shape
+  rng = np.random.default_rng(sum(shape[:5]))
+  x = jnp.asarray(rng.normal(size=(batch, rows, columns, channels)), dtype)
+  w = jnp.asarray(rng.normal(size=(kernel, kernel, channels)) / kernel,
+                  dtype)
+  strides, padding = (stride, stride), _padding(shape)
+  g = depthwise_pallas.Geometry.of(x.shape, (kernel, kernel), strides,
+                                    padding)
+  upstream = jnp.asarray(rng.normal(
+      size=(batch, g.out_rows, g.out_columns, channels)), dtype)
+  results = []
+  for form in (lambda x, w: depthwise_pallas.pallas_depthwise(
+      x, w, strides, padding, True),
+               lambda x, w: depthwise_xla.xla_depthwise(
+                   x, w, strides, padding)):
+    y, vjp = jax.vjp(form, x, w)
+    results.append([np.asarray(a, np.float32) for a in (y, *vjp(upstream))])
+  return results
+
+
+def _assert_within_rounding(ours, xla, dtype):
+  """Each of output, input gradient and filter gradient within the dtype's
+  rounding of XLA's, relative to the largest value (and, summed over more
+  terms than a 16-bit rounding hides, within float32's sum of roundings)."""
+  # A filter gradient's terms: one an output position.
+  summed = ours[0].size // ours[0].shape[-1]
+  for name, mine, theirs in zip(('output', 'input gradient',
+                                 'filter gradient'), ours, xla):
+    assert mine.shape == theirs.shape, name
+    scale = np.abs(theirs).max()
+    error = np.abs(mine - theirs).max()
+    tolerance = ROUNDING[dtype]
+    if name == 'filter gradient':
+      tolerance = max(tolerance, 8 * FLOAT32_EPSILON * np.sqrt(summed))
+    assert error <= tolerance * scale, (
+        f'{name}: {error} off, {error / scale:.2e} of its largest value')
+
+
+@pytest.mark.parametrize('shape', B0 + V2S + ODD, ids=str)
+def test_the_kernels_match_xla_in_bfloat16_on_every_shape(shape):
+  ours, xla = _both_ways(shape, jnp.bfloat16)
+  _assert_within_rounding(ours, xla, jnp.bfloat16)
+
+
+@pytest.mark.parametrize('shape', B0[:6] + ODD, ids=str)
+def test_the_kernels_match_xla_in_float32(shape):
+  ours, xla = _both_ways(shape, jnp.float32)
+  _assert_within_rounding(ours, xla, jnp.float32)
+
+
+def test_the_check_finds_a_wrong_tap():
+  """A kernel whose taps were read one column off would pass nothing: the
+  comparison catches it (the filter transposed stands in for it)."""
+  shape = ODD[0]
+  ours, xla = _both_ways(shape, jnp.float32)
+  rows, columns, channels, kernel, stride, _ = shape
+  rng = np.random.default_rng(sum(shape[:5]))
+  x = jnp.asarray(rng.normal(size=(2, rows, columns, channels)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(kernel, kernel, channels)) / kernel,
+                  jnp.float32)
+  wrong = np.asarray(depthwise_pallas.pallas_depthwise(
+      x, jnp.transpose(w, (1, 0, 2)), (stride, stride), _padding(shape),
+      True))
+  with pytest.raises(AssertionError):
+    _assert_within_rounding([wrong, *ours[1:]], xla, jnp.float32)
+
+
+def _lowered_for_an_h200(function, *shapes):
+  """The StableHLO `function` lowers to for a CUDA H200 (an abstract
+  device: Pallas' Triton lowering needs to know the GPU, not to have it)."""
+  from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top  # AbstractDevice has no public constructor.
+  device = mesh_lib.AbstractDevice(device_kind='NVIDIA H200', num_cores=132,
+                                   platform='gpu')
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(
+      (1,), ('x',), abstract_device=device)):
+    return jax.export.export(
+        jax.jit(function), platforms=['cuda'],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+            '__gpu$xla.gpu.triton')])(*shapes).mlir_module()
+
+
+@pytest.mark.parametrize('dtype, shapes', [(jnp.bfloat16, B0 + V2S + ODD),
+                                           (jnp.float32, ODD)])
+def test_every_kernel_lowers_through_triton_for_an_h200(dtype, shapes):
+  """Each shape's forward, data gradient and filter gradient become
+  Triton kernels (a tile that is not a power of two, an index Triton's
+  lowering refuses, fails here)."""
+  for shape in shapes:
+    rows, columns, channels, kernel, stride, _ = shape
+
+    def step(x, w, stride=stride, shape=shape):
+      y, vjp = jax.vjp(lambda x, w: depthwise_pallas.pallas_depthwise(
+          x, w, (stride, stride), _padding(shape)), x, w)
+      return vjp(y)
+
+    module = _lowered_for_an_h200(
+        step, jax.ShapeDtypeStruct((256, rows, columns, channels), dtype),
+        jax.ShapeDtypeStruct((kernel, kernel, channels), dtype))
+    assert module.count('__gpu$xla.gpu.triton') == 3, shape
+
+
+def test_the_forms_keep_keras_variables_and_read_each_others_weights(
+    tmp_path, monkeypatch):
+  """The tiny network with each JAX form computes what Keras' own
+  convolution does (the kernels interpreted on this CPU), under Keras'
+  names: a weights file written by one form loads into the others."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe import layers  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(depthwise_pallas.INTERPRET_VARIABLE, '1')
+  keras.utils.set_random_seed(0)
+  built = {form: models.build_model('efficientnet_tiny', 5, 32, forms={
+      'batch_norm': 'keras', 'squeeze_excite': 'conv', 'depthwise': form})
+           for form in ('conv', 'pallas', 'pallas_forward', 'stacked_grad')}
+  images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3),
+                                             dtype='uint8')
+  saved = str(tmp_path / 'conv.weights.h5')
+  built['conv'].save_weights(saved)
+  expected = built['conv'].predict(images, verbose=0)
+  for form, model in built.items():
+    classes = {type(layer) for layer in models.backbone(model).layers}
+    assert layers.DEPTHWISES[form].layer in classes
+    assert ([(w.name, w.shape) for w in model.weights] ==
+            [(w.name, w.shape) for w in built['conv'].weights])
+    model.load_weights(saved)
+    np.testing.assert_allclose(model.predict(images, verbose=0), expected,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_a_cpu_leaves_the_pallas_form_to_xla_unless_asked(monkeypatch):
+  monkeypatch.delenv(depthwise_pallas.INTERPRET_VARIABLE, raising=False)
+  assert depthwise_pallas.pallas_route() is None
+  monkeypatch.setenv(depthwise_pallas.INTERPRET_VARIABLE, '1')
+  assert depthwise_pallas.pallas_route() == 'interpret'
+  assert os.environ[depthwise_pallas.INTERPRET_VARIABLE] == '1'
