@@ -19,6 +19,7 @@ from pipeline.rules.machine import cluster as cluster_lib
 from pipeline.rules.machine import hardware
 from pipeline.rules.machine import placement
 from pipeline.rules.machine import stopping
+from pipeline.rules.speed import autotune
 from pipeline.rules.speed import compile_cache
 from pipeline.errors import UserError
 
@@ -103,7 +104,9 @@ def prepare(argv):
   stopping.install()
   try:
     backends.prepare(_flag(argv, 'backend'), _flag(argv, 'tpu'))
-    prepare_compile_cache(_flag(argv, 'config.compile_cache_dir'))
+    picks = prepare_autotune()
+    prepare_compile_cache(_flag(argv, 'config.compile_cache_dir'),
+                          picks=picks)
     bind_gpus()
   except UserError as e:
     sys.exit(f'error: {e}')
@@ -204,17 +207,43 @@ def bind_gpus(environ=None, driver_gpus=None):
   return binding
 
 
-def prepare_compile_cache(setting, environ=None, gpus=None, software=None):
+def prepare_autotune(environ=None, gpus=None):
+  """On a GPU, has XLA load the convolution picks saved for this card and
+  the backend's software (rules/speed/autotune.py: launch.probe
+  --save_autotune keeps them), in `environ`'s XLA_FLAGS (os.environ unless
+  given) before TensorFlow or JAX load: every process then runs the same
+  kernels. Returns the file's path, or None where there is none or the
+  user's own XLA_FLAGS name one. `gpus` stands in for the driver's list."""
+  environ = os.environ if environ is None else environ
+  gpus = backends.gpu_models() if gpus is None else gpus
+  if not gpus or autotune.LOAD_FLAG in environ.get('XLA_FLAGS', ''):
+    return None
+  backend, _ = backends.chosen()
+  path, passed_over = autotune.merged(gpus[0], backend.software())
+  for line in passed_over:
+    logging.warning('%s', line)
+  if path:
+    environ['XLA_FLAGS'] = autotune.with_flags(environ.get('XLA_FLAGS'),
+                                               autotune.flags(path))
+    autotune.keep(path)
+  return path
+
+
+def prepare_compile_cache(setting, environ=None, gpus=None, software=None,
+                          picks=None):
   """Chooses and sets up this process's cache in `environ` (os.environ
   unless given), before TensorFlow or JAX load; returns the Settings, also
   kept for `chosen`. `gpus` and `software` stand in for this machine's
-  (tests); None looks."""
+  (tests); None looks. `picks`: the autotune file XLA loads, whose hash
+  the folder names, so a program compiled under other picks is never
+  served."""
   environ = os.environ if environ is None else environ
   backend, _ = backends.chosen()
   gpus = backends.gpu_models() if gpus is None else gpus
+  versions = (software or backend.software()) + (
+      f'-picks-{autotune.digest_of(picks)}' if picks else '')
   settings = compile_cache.choose(setting or '', backend, environ, gpus,
-                    bool(gpus) or backends.tpu_attached(),
-                    software or backend.software())
+                    bool(gpus) or backends.tpu_attached(), versions)
   if settings.environment:
     problem = _usable(settings.directory)
     if problem:

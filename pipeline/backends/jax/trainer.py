@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+from absl import logging
 
 from pipeline.backends import hlo_cost
 from pipeline.backends.jax import devices
@@ -33,6 +34,7 @@ from pipeline.backends.jax import staging as staging_lib
 from pipeline.backends.jax.programs import on_host
 from pipeline.data import decode
 from pipeline.errors import UserError
+from pipeline.rules.speed import autotune
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import step_counts
 from pipeline.storage import checkpoint_files
@@ -63,6 +65,9 @@ class Trainer:
   last_inputs: tuple = None  # The last execution's (images, labels) shapes.
   staging: staging_lib.Staging = None  # The next execution's batches.
   gradient_program: object = None  # One loop-free pass, for step_cost.
+  # The saved autotune picks XLA loaded (rules/speed/autotune.py), which
+  # the first execution's convolutions are compared with once.
+  picks_to_compare: str = None
 
   def __post_init__(self):
     self.staging = self.staging or staging_lib.Staging(
@@ -114,12 +119,25 @@ class Trainer:
       # Dispatched, not finished: the next execution's input moves now.
       wait_s += self.staging.stage(iterator, self.slots, outputs)
       losses, correct, grad_norms = np.asarray(on_host(outputs)).T
+    if self.picks_to_compare:
+      self._compare_picks(step)
     return {'loss': float(losses.mean()),
             'grad_norm': _finite_mean(grad_norms),
             'accuracy': float(correct.sum() / (num_steps * self.last_inputs[
                 1].shape[0])),
             'input_wait_s': wait_s, 'skipped_records': skipped,
             'step_losses': losses}
+
+  def _compare_picks(self, step):
+    """Once, after the first execution compiled: its convolutions'
+    algorithms against the saved picks XLA loaded, in one line."""
+    path, self.picks_to_compare = self.picks_to_compare, None
+    spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=a.sharding), self.state)
+    # The persistent compile cache serves it: the same program.
+    text = step.lower(spec, *self.last_inputs).compile().as_text()
+    logging.info('%s', autotune.picks_line(autotune.differing_picks(
+        text, autotune.saved_convolutions(path)), path))
 
   def compiled_programs(self):
     # jax.jit's own count of the programs it traced, one per input shape.
@@ -305,6 +323,7 @@ def build(plan):
       plan.out_of_memory_message(), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
       accumulation=accumulation, frozen_steps=plan.frozen_steps,
+      picks_to_compare=autotune.loaded(),
       gradient_program=programs.gradient_program(
           model, optimizer, plan.objective, strategy),
       frozen_step=(programs.train_step(

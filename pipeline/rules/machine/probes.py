@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import subprocess
 
 # What a TPU VM's chips show up as: /dev/accel* (v2 to v4), vfio (v5e on).
 _TPU_DEVICE_FILES = ('/dev/accel0', '/dev/vfio/0')
@@ -43,5 +44,16 @@ def gpu_models():
     except OSError:
       continue
   if not models and os.path.exists('/dev/nvidia0'):
-    models.add('NVIDIA GPU')
+    # No driver folder in /proc (a container's sandbox): nvidia-smi's names.
+    models.update(_nvidia_smi_names() or ['NVIDIA GPU'])
   return sorted(models)
+
+
+def _nvidia_smi_names():
+  try:
+    listing = subprocess.run(
+        ['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'],
+        capture_output=True, text=True, timeout=30, check=False).stdout
+  except (OSError, subprocess.SubprocessError):
+    return []
+  return [line.strip() for line in listing.splitlines() if line.strip()]

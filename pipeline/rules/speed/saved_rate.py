@@ -67,8 +67,10 @@ def slow_step_line(step_images_per_sec, saved, compile_cache_dir):
   return (f'Slow step: {step_images_per_sec:,.0f} img/s (input waits left '
           f'out), {step_images_per_sec / rate:.2f} of the {rate:,.0f} img/s '
           f'measured by {source}. XLA picks kernels per process as it '
-          'compiles and the compile cache keeps them, so this speed may '
-          'stay with every later run on this machine: compare with '
-          '`python -m launch.probe --repeats=3`'
-          + (f', and if it is faster, clear {compile_cache_dir} and start '
-             'again (the run resumes)' if compile_cache_dir else ''))
+          'compiles; keep a fast process\'s picks with `python -m '
+          'launch.probe --repeats=3 --save_autotune` (the fastest within 2% '
+          'of the median), and every later run on this card loads them and '
+          'runs the same kernels'
+          + (f' (programs compiled under the old picks in '
+             f'{compile_cache_dir} are not served: its folder names the '
+             'picks); the run resumes' if compile_cache_dir else ''))
