@@ -69,6 +69,20 @@ _SAVE_RATE = flags.DEFINE_bool(
     'save_rate', False, "Keep stage (a)'s rate (the median over --repeats) "
     'for this card and step: a run of the same step on the JAX route says '
     'when its own step runs more than 10% below it.')
+_AUTOTUNE = flags.DEFINE_enum(
+    'autotune', 'load', ['load', 'fresh', 'require'],
+    "XLA's convolution picks on a GPU: 'load' the ones saved for this card "
+    "and software where there are some, as a run does; 'fresh': time them "
+    "anew in this process; 'require': load them and fail a compile that "
+    'misses one (the saved picks cover the step).')
+_SAVE_AUTOTUNE = flags.DEFINE_bool(
+    'save_autotune', False, "Keep the picks of the fastest process within "
+    "2% of the median of --repeats for this card, software and step: every "
+    'later run on the JAX route (and its probe) loads them. Implies '
+    '--autotune=fresh.')
+_KEEP_HLO = flags.DEFINE_bool(
+    'keep_hlo', False, "Write stage (a)'s compiled step as text "
+    '(OUT/step.hlo.txt).')
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'On a GPU, after (a) and (e): keep the faster of '
     'the two policies for this GPU model and JAX version, so '
@@ -78,8 +92,13 @@ _SAVE_POLICY = flags.DEFINE_bool(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  from pipeline.probe import repeats  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import picks  # pylint: disable=g-import-not-at-top
   from pipeline.probe import runner as probe  # Keras loads here, on JAX.
+  from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top
+  # Where Pallas' GPU backend does not run (a CPU), depthwise=pallas runs
+  # its kernels interpreted rather than leaving them to XLA: the probe
+  # measures the kernels' path (numbers, not speed, there).
+  os.environ.setdefault(depthwise_pallas.INTERPRET_VARIABLE, '1')
   unknown = set(_STAGES.value) - set(probe.STAGES)
   if unknown or not _STAGES.value:
     sys.exit(f'error: --stages={_STAGES.value!r}: letters of '
@@ -114,13 +133,21 @@ def main(argv):
   watchdog.daemon = True
   watchdog.start()
   # Before JAX starts XLA: where this process writes its autotuner's
-  # picks (on a GPU), for --repeats to compare processes by.
-  os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
-      os.environ.get('XLA_FLAGS'), repeats.autotune_flag(_OUT.value))))
+  # picks (on a GPU), for --repeats to compare processes by, and the saved
+  # picks it loads.
+  autotune_mode = 'fresh' if _SAVE_AUTOTUNE.value else _AUTOTUNE.value
+  try:
+    loaded = picks.prepare_autotune(_OUT.value, autotune_mode)
+  except ValueError as e:
+    sys.exit(f'error: --autotune={autotune_mode}: {e}')
   runner = probe.run_all(
       config, _CLASSES.value, _STEPS.value, _EXECUTIONS.value,
       _BUDGET_S.value, save, _OUT.value, _STAGES.value, _POLICY.value,
-      variants, _own_process_flags(), _REPEATS.value)
+      variants, _own_process_flags(autotune_mode), _REPEATS.value,
+      loaded_picks=loaded, keep_hlo=_KEEP_HLO.value)
+  if _SAVE_AUTOTUNE.value:
+    print(f'probe: {picks.save_autotune(runner.results, config, _OUT.value)}',
+          flush=True)
   if _SAVE_POLICY.value:
     print(f'probe: {probe.save_policy(runner.results)}', flush=True)
   if _SAVE_RATE.value:
@@ -129,13 +156,14 @@ def main(argv):
   print(f'probe: done in {written.get("elapsed_s")} s; figures in {path}')
 
 
-def _own_process_flags():
-  """This probe's flags for a variant's own process (its config, sizes and
-  policy; not its stages, output, budget or variants)."""
+def _own_process_flags(autotune_mode):
+  """This probe's flags for a variant's own process (its config, sizes,
+  policy and picks; not its stages, output, budget or variants)."""
   names = ('image_size', 'batch_size', 'steps_per_execution', 'executions',
            'num_classes', 'policy')
   config_file = config_flags.get_config_filename(flags.FLAGS['config'])
   return ([f'--{name}={flags.FLAGS[name].value}' for name in names] +
+          [f'--autotune={autotune_mode}'] +
           [f'--config={config_file}'] +
           [arg for arg in sys.argv[1:] if arg.startswith('--config.')])
 

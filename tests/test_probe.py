@@ -172,20 +172,28 @@ def _check_every_stage(figures, tmp_path):
   assert list((tmp_path / 'trace').rglob('*.xplane.pb'))
 
 
-def test_the_probe_takes_a_model_family_by_name(tmp_path):
-  """ResNet-50 by its config name: the project's step and Keras' own
-  keras.applications model beside it, both ResNet-50."""
-  result = run_module('launch.probe', '--image_size=32', '--batch_size=8',
-                      '--budget_s=450', '--steps_per_execution=2',
-                      '--executions=2', '--stages=af', '--num_classes=10',
-                      '--config.model=resnet50', f'--out={tmp_path}',
-                      timeout=560)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  figures = json.loads((tmp_path / 'probe.json').read_text())
-  assert figures['config']['model'] == 'resnet50'
-  a, f = figures['stages']['a_device_rate'], figures['stages']['f_keras_fit']
-  assert a['images_per_sec'] > 0 and f['images_per_sec'] > 0, (a, f)
-  assert f['model'] == 'keras.applications resnet50'
+def test_the_probe_takes_a_model_family_by_name():
+  """ResNet-50 by its config name: the project's step is built on it, and
+  the peer stage (f) times is keras.applications' own ResNet-50 (built as
+  the stage builds it; the stages themselves run end to end on the tiny
+  EfficientNet above: compiling ResNet-50 here would take minutes)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.backends.jax import mesh  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import runner  # pylint: disable=g-import-not-at-top
+  from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.model, config.image_size, config.global_batch_size = (
+      'resnet50', 32, 8)
+  setup = runner.Setup(config, 10, 'float32',
+                       mesh.DataParallel(jax.devices()[:1]))
+  names = {layer.name for layer in models.backbone(setup.model).layers}
+  assert {'conv1_conv', 'conv5_block3_out'} <= names
+  peer = models.MODELS[config.model].with_its_top(config.model, 10,
+                                                  (32, 32, 3))
+  assert peer.name == 'resnet50' and peer.output.shape[-1] == 10
+  assert isinstance(peer, keras.Model)
 
 
 def _check_variants(figures, tmp_path):
@@ -405,6 +413,7 @@ def test_an_outlier_process_is_explained_by_its_kernel_classes(tmp_path):
   spread names that class with both times, the classes that agree are
   left out, and the autotuner's picks that differ are counted (files as a
   GPU's XLA writes them)."""
+  from pipeline.probe import picks as picks_lib  # pylint: disable=g-import-not-at-top
   from pipeline.probe import repeats  # pylint: disable=g-import-not-at-top
 
   def profile(depthwise_ms):
@@ -415,7 +424,7 @@ def test_an_outlier_process_is_explained_by_its_kernel_classes(tmp_path):
 
   def picks(folder, algorithm):
     folder.mkdir()
-    (folder / repeats.AUTOTUNE_FILE).write_text(
+    (folder / picks_lib.AUTOTUNE_FILE).write_text(
         'version: 3\n'
         'results {\n  device: "CUDA: 9.0"\n  hlo: "conv.1"\n  result {\n'
         f'    conv {{ algorithm: {algorithm} }}\n  }}\n}}\n'

@@ -15,23 +15,14 @@ autotuner's picks differ (each process writes them, AUTOTUNE_FILE).
 import os
 import statistics
 
+from pipeline.probe import picks as picks_lib
 from pipeline.probe import variants as probe_variants
+from pipeline.rules.speed import autotune
 
 # A process this far from the median rate is an outlier worth explaining.
 OUTLIER = 0.05
 # A kernel class whose time differs by less than this (and 5%) is noise.
 CLASS_NOISE_MS = 0.05
-# Where each probe process writes the autotuner's picks (a GPU's XLA
-# writes them as it compiles; elsewhere there are none).
-AUTOTUNE_FILE = 'autotune.textproto'
-
-
-def autotune_flag(out_dir):
-  """The XLA flag that has this process write its autotuner's picks."""
-  return ('--xla_gpu_dump_autotune_results_to='
-          f'{os.path.abspath(os.path.join(out_dir, AUTOTUNE_FILE))}')
-
-
 def in_fresh_processes(count, command, budget_s, out_dir, with_profile):
   """Stage (a) (and (g) where `with_profile`) in `count` fresh processes of
   launch.probe (`command`: its flags), one after another, before this one
@@ -73,8 +64,8 @@ def summarize(processes):
       row['kernel_classes_that_differ'] = classes_that_differ(
           figures.get('profile'), typical.get('profile'))
       row['autotune_picks_that_differ'] = picks_that_differ(
-          os.path.join(folder, AUTOTUNE_FILE),
-          os.path.join(typical_folder, AUTOTUNE_FILE))
+          os.path.join(folder, picks_lib.AUTOTUNE_FILE),
+          os.path.join(typical_folder, picks_lib.AUTOTUNE_FILE))
     rows[label] = row
   return {'processes': rows, 'median_images_per_sec': median,
           'spread': round((max(rates) - min(rates)) / median, 3),
@@ -115,16 +106,10 @@ def picks_that_differ(path, typical_path):
 
 
 def _picks(path):
-  """{the program a pick was made for: the pick} of an autotune results
-  file (text protobuf: `results { device hlo result { ... } }` blocks)."""
+  """{the lines that key a result: the result} of an autotune results
+  file (autotune.blocks)."""
   try:
     with open(path, encoding='utf-8') as f:
-      text = f.read()
+      return autotune.blocks(f.read())[1]
   except OSError:
     return {}
-  picks = {}
-  for block in text.split('results {')[1:]:
-    key = '\n'.join(line.strip() for line in block.splitlines()
-                    if line.strip().startswith(('device:', 'hlo:')))
-    picks[key] = block.strip()
-  return picks

@@ -20,6 +20,8 @@ run cut off still returns what it measured):
   g  where (a)'s step spends its time: a few steps traced, device time by
      kernel class, kernels and idle time per step, bytes moved per image
      against the device's bandwidth (step_profile.py)
+  h  (a)'s program fed from host uint8 arrays through staging, as a run
+     feeds it (b without the old loop's compile)
 
 Then the variants (variants.py): the same step with some config
 keys, the policy or XLA's flags changed, each timed beside (a)'s step
@@ -41,6 +43,7 @@ import numpy as np
 from pipeline.backends.jax import ema as ema_lib
 from pipeline.backends.jax import mesh
 from pipeline.backends.jax import programs
+from pipeline.probe import picks as picks_lib
 from pipeline.probe import repeats as repeats_lib
 from pipeline.probe import stages as probe_stages
 from pipeline.probe import variants as probe_variants
@@ -51,7 +54,7 @@ from pipeline.recipe import objective
 from pipeline.rules.speed import saved_policy
 from pipeline.rules.speed import saved_rate
 
-STAGES = 'abcdefg'
+STAGES = 'abcdefgh'
 # The variants' policies: what a run on an accelerator may train under.
 VARIANT_POLICIES = ('mixed_bfloat16', 'mixed_float16', 'float32')
 
@@ -63,7 +66,8 @@ def parse_variants(texts, config):
 
 
 def run_all(config, num_classes, slots, executions, budget_s, save, out_dir,
-            stages, policy, variants, own_process_flags, repeats=1):
+            stages, policy, variants, own_process_flags, repeats=1,
+            loaded_picks=None, keep_hlo=False):
   """The probe: the `repeats` - 1 fresh processes of stage (a) and the
   variants with XLA flags first, each in its own process
   (`own_process_flags`: launch.probe's flags for it) before this one takes
@@ -86,6 +90,7 @@ def run_all(config, num_classes, slots, executions, budget_s, save, out_dir,
     save({'variants': apart}, 'variants', variant.name)
   runner = Probe(config, num_classes, slots, executions,
                  budget_s - (time.perf_counter() - began), save, out_dir)
+  runner.loaded_picks, runner.keep_hlo = loaded_picks, keep_hlo
   print(f'probe: {json.dumps(runner.results["machine"])}', flush=True)
   save(runner.results)
   runner.run(stages, policy, [v for v in variants if not v.xla_flags], apart)
@@ -168,6 +173,9 @@ class Probe:
                         'ema_decay', 'optimizer')},
                     'stages': {}}
     self.compile_s = None  # (a)'s, what later stages are predicted by.
+    # The saved autotune picks XLA loaded (repeats.prepare_autotune), and
+    # whether (a) writes its compiled step's text.
+    self.loaded_picks, self.keep_hlo = None, False
     self.device_images_per_sec = None  # (a)'s.
     self.setups = {}
 
@@ -237,8 +245,10 @@ class Probe:
     this = dict(stages.get('a_device_rate', {}))
     if 'g_profile' in stages:
       this['profile'] = stages['g_profile']
-    spread = repeats_lib.summarize(
-        [('this process', this, self.out_dir or ''), *fresh])
+    processes = [('this process', this, self.out_dir or ''), *fresh]
+    spread = repeats_lib.summarize(processes)
+    spread['fastest_near_median'] = picks_lib.fastest_near_median(
+        processes)
     if 'median_images_per_sec' in spread and self.device_images_per_sec:
       spread['other_stages_used'] = (
           f"this process's program: {self.device_images_per_sec:,.1f} "

@@ -35,6 +35,8 @@ _COPIES = {'copy', 'transpose', 'copy-start', 'copy-done', 'concatenate',
            'reshape', 'broadcast'}
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
                 'collective-permute')
+# A Pallas kernel on a GPU (Triton's backend): depthwise=pallas's.
+PALLAS_TARGET = '__gpu$xla.gpu.triton'
 CONVOLUTION_TARGETS = {'__cudnn$convForward': 'forward',
                        '__cudnn$convBiasActivationForward': 'forward',
                        '__cudnn$convBackwardInput': 'data gradient',
@@ -180,9 +182,14 @@ def _class_of(found, name, kinds, batch_per_device):
   layer = next((s for s in reversed(scopes) if s in kinds), None)
   kind, input_size = kinds.get(layer, (None, 0))
   convolution = (instruction['target'] in CONVOLUTION_TARGETS or
+                 instruction['target'] == PALLAS_TARGET or
                  _computes(found, instruction, ('convolution', 'dot')))
   if kind == 'squeeze-excite':
     return kind
+  if (kind == 'depthwise convolution' and 'transpose(' in op_name and
+      _computes(found, instruction, ('reduce',))):
+    # depthwise=stacked_grad's filter gradient: one reduction of the taps.
+    return 'depthwise convolution: filter gradient'
   if kind and kind.endswith('convolution') and convolution:
     return f'{kind}: ' + _direction(instruction, op_name,
                                     batch_per_device * input_size)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from pipeline.probe import stages as probe_stages
+from pipeline.rules.speed import autotune
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,9 @@ def in_own_process(variant, command, budget_s, out_dir, with_profile=False):
     return {'failed': f'exit {done.returncode}: {" ".join(tail)[:300]}'}
   if 'g_profile' in stages:
     figures['profile'] = stages['g_profile']
+  # Each a candidate the autotuner could not time well: a noisy draw.
+  figures['noisy_timing_lines'] = f'{done.stdout}{done.stderr}'.count(
+      autotune.NOISY_TIMING)
   if variant.xla_flags:
     figures['xla_flags'] = ' '.join(variant.xla_flags)
   return figures
