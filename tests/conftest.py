@@ -153,11 +153,12 @@ assert tf is None or tf.config.list_logical_devices('CPU'), (
     'TensorFlow sees no CPU')
 
 
-def make_tree(root, per_class=24):
+def make_tree(root, per_class=24, scale=2):
   """A folder of class folders (pipeline/data/sources/image_folder/) from the
-  bundled digits: root/<digit name>/ of 16x16 digits, PNG, every third
-  JPEG, every fourth in a sub-folder; one damaged PNG and one .DS_Store.
-  Returns the damaged file's path."""
+  bundled digits: root/<digit name>/ of digits `scale` times their 8 px
+  (16x16 unless asked), PNG, every third JPEG, every fourth in a
+  sub-folder; one damaged PNG and one .DS_Store. Returns the damaged
+  file's path."""
   from sklearn import datasets  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   digits = datasets.load_digits()
@@ -166,7 +167,7 @@ def make_tree(root, per_class=24):
   for digit, name in enumerate(spoken):
     images = digits.images[digits.target == digit][:per_class]
     for i, image in enumerate(images):
-      pixels = np.kron(np.round(image * 255 / 16), np.ones((2, 2)))
+      pixels = np.kron(np.round(image * 255 / 16), np.ones((scale, scale)))
       pixels = tf.constant(pixels[..., None], tf.uint8)
       folder = root / name / ('more' if i % 4 == 3 else '')
       folder.mkdir(parents=True, exist_ok=True)

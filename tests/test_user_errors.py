@@ -52,6 +52,18 @@ def _cases(root, tfds_dir):
           f'--workdir={root / "finetune"}', data, '--dry_run',
           f'--config.init_from={root / "not_tfrecord"}'],
        'is not imagenet, a .h5 weights file or the workdir of a run', None),
+      # The bundled digits are 8 px: a larger evaluation adds no detail.
+      ('eval_image_size above the images', [
+          work, data, '--dry_run', '--config.eval_image_size=64'],
+       'eval_image_size=64 is larger than the images of sklearn_digits (8 '
+       'px) and the training size (32 px), which adds no detail: use 0 (the '
+       'training size) or at most 32', None),
+      # A Pallas kernel: TensorFlow cannot compile it.
+      ('a form written in JAX on TensorFlow', [
+          work, data, '--dry_run', '--backend=tensorflow',
+          '--config.depthwise=pallas'],
+       'depthwise=pallas is written in JAX and trains on --backend=jax only; '
+       'on TensorFlow use conv, shifted', None),
       ('unknown backend', [work, data, '--dry_run', '--backend=torch'],
        '--backend=torch is not a backend; accepted: auto, tensorflow, jax',
        None),

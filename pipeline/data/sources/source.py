@@ -51,6 +51,9 @@ class Source:
   record_files: dict = dataclasses.field(default_factory=dict)
   # What its stored labels count from: the parsed labels are less by it.
   label_offset: int = 0
+  # The longer side of every image where the source fixes it (a
+  # tensorflow-datasets set's image shape); 0 where they vary.
+  image_side: int = 0
 
   def all_record_files(self):
     """Both splits' record files (where an undecodable record is looked

@@ -18,6 +18,7 @@ import dataclasses
 import keras
 
 from pipeline import parts
+from pipeline.errors import UserError
 from pipeline.recipe import layers
 from pipeline.recipe.models import efficientnet
 from pipeline.recipe.models import resnet
@@ -46,6 +47,20 @@ class ImageSizes:
 
   def to_json(self):
     return dataclasses.asdict(self)
+
+  def check_source(self, source_name, image_side):
+    """A one-line UserError where a given eval_image_size is larger than
+    both the training size and the source's images (`image_side`, their
+    longer side where the source fixes it; 0: they vary): evaluating
+    larger than the images adds no detail, only cost."""
+    largest = max(self.train, image_side)
+    if (self.eval_from == 'eval_image_size' and image_side and
+        self.eval > largest):
+      raise UserError(
+          f'eval_image_size={self.eval} is larger than the images of '
+          f'{source_name} ({image_side} px) and the training size '
+          f'({self.train} px), which adds no detail: use 0 (the training '
+          f'size) or at most {largest}')
 
 
 def image_sizes(model, image_size, eval_image_size):

@@ -108,7 +108,14 @@ def _load(settings):
                 parse=lambda image, label, split: (image, label, split),
                 class_names=tuple(features['label'].names),
                 encoded_bytes=sum(_num_bytes(builder, v)
-                                  for v in splits.values()))
+                                  for v in splits.values()),
+                image_side=_fixed_side(features['image'].shape))
+
+
+def _fixed_side(shape):
+  """The longer side of an image feature's (height, width, channels) where
+  both are fixed; 0 where either varies (None)."""
+  return max(shape[:2]) if None not in shape[:2] else 0
 
 
 def _held_out_split(builder):
