@@ -22,6 +22,7 @@ line for each; one that would not end within --budget_s is skipped with
 its reason.
 """
 
+import functools
 import json
 import os
 import sys
@@ -93,6 +94,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   from pipeline.probe import picks  # pylint: disable=g-import-not-at-top
+  from pipeline.rules.speed import saved_rate  # pylint: disable=g-import-not-at-top
   from pipeline.probe import runner as probe  # Keras loads here, on JAX.
   from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top
   # Where Pallas' GPU backend does not run (a CPU), depthwise=pallas runs
@@ -146,7 +148,7 @@ def main(argv):
       variants, _own_process_flags(autotune_mode), _REPEATS.value,
       loaded_picks=loaded, keep_hlo=_KEEP_HLO.value)
   if _SAVE_AUTOTUNE.value:
-    print(f'probe: {picks.save_autotune(runner.results, config, _OUT.value)}',
+    print(f'probe: {picks.save_autotune(runner.results, functools.partial(saved_rate.step_key, config), _OUT.value)}',
           flush=True)
   if _SAVE_POLICY.value:
     print(f'probe: {probe.save_policy(runner.results)}', flush=True)

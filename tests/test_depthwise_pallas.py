@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-jax = pytest.importorskip('jax')
+jax = pytest.importorskip('jax', reason='needs JAX (the probe\'s environment)')
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top,wrong-import-position

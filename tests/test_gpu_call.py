@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-pytest.importorskip('jax')
+pytest.importorskip('jax', reason='needs JAX (the probe\'s environment)')
 
 from conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
 from conftest import run_module  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -86,13 +86,14 @@ def test_the_fastest_process_near_the_median_keeps_its_picks():
 
 def test_the_calls_summary_of_what_an_h200_gave():
   """The first call on an H200 (the picks not yet saved, so its loading
-  steps stopped in one line): its figures as the summary reads them."""
+  steps stopped in one line; its form steps' names since prefixed with
+  `with_`): its figures as the summary reads them."""
   with open(os.path.join(FIXTURES, 'call_1.json'), encoding='utf-8') as f:
     steps = json.load(f)['steps']
   summary = gpu_call.summarize(steps)
   assert summary['of_A'] == {'keras': round(8843.6 / 8011.4, 4)}
   assert summary['same_algorithms_as_A'] == {'keras': False}
-  assert summary['pallas_of_baseline'] == round(7006.1 / 8843.6, 4)
+  assert summary['with_pallas_of_baseline'] == round(7006.1 / 8843.6, 4)
   assert 'host_fed_of_keras_fit' not in summary  # Keras' fit was skipped.
   assert steps['B']['failed'].endswith('save them first with '
                                        '--save_autotune')
@@ -133,7 +134,7 @@ def test_the_prepared_call_runs_to_its_last_line_on_this_cpu(tmp_path):
   assert figures['flags']['accepted']
   assert [row.get('failed') for row in figures['kernels']['rows']] == [
       None] * 3
-  for name in ('A', 'B', 'pallas', 'keras', 'C', 'stacked_grad'):
+  for name in ('A', 'B', 'with_pallas', 'keras', 'C', 'with_stacked_grad'):
     stages = figures['steps'][name]['stages']
     assert stages['a_device_rate']['images_per_sec'] > 0, name
   assert figures['steps']['keras']['stages']['f_keras_fit'][

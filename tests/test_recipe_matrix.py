@@ -14,8 +14,11 @@ the run compiles is traced with that batch's shapes:
   what JAX traces (a schedule, a loss) fails there, before XLA compiles,
   so a case costs seconds where a compile costs a minute on this CPU;
 - on TensorFlow each tf.function is traced (about 25 s a case here): in the
-  slow tier, as TensorFlow's options are trained by test_recipe.py and the
-  end-to-end tests. Every case traces on one replica, since
+  slow tier, the shipped configs and the options whose programs differ on
+  TensorFlow alone (float16's loss scaling, a frozen phase); the others
+  are trained on TensorFlow by test_recipe.py and the end-to-end tests,
+  and a TensorFlow op in them fails on JAX, not here. Every case traces
+  on one replica, since
   MirroredStrategy traces a step once for each replica (twice the time),
   and replicas are what test_recipe.py's mirrored cases and the end-to-end
   runs test.
@@ -59,8 +62,10 @@ OPTIONS = {
     'finetune_from_a_file': dict(init_from='WEIGHTS',
                                  freeze_backbone_epochs=1.0, epochs=2),
 }
-# On TensorFlow each case traces for about 25 s: the slow tier.
+# On TensorFlow each case traces for about 25 s: the slow tier, and the
+# options whose TensorFlow programs differ (see the docstring).
 _TIER = [] if ON_JAX else [pytest.mark.slow]
+TENSORFLOW_OPTIONS = ('float16', 'finetune_from_a_file')
 
 
 def _digits(config, tfds_dir):
@@ -78,6 +83,8 @@ def _cases():
   for name in CONFIGS:
     yield pytest.param(name, {}, id=f'configs/{name}.py', marks=_TIER)
   for name, fields in OPTIONS.items():
+    if not (ON_JAX or name in TENSORFLOW_OPTIONS):
+      continue
     network = ({} if name in ('v2_model', 'resnet50', 'finetune_from_a_file')
                else TINY)
     yield pytest.param('default', dict(network, **fields), id=name,

@@ -59,10 +59,10 @@ def _inputs(batch, shape, dtype):
 
 def check(batch, shape, dtype, interpret, repeats):
   """One shape's errors (largest difference over the largest value, per
-  output) and times, pallas against XLA."""
+  output) and times, the kernels against XLA."""
   x, w, strides, padding = _inputs(batch, shape, dtype)
   forms = {
-      'pallas': lambda x, w: depthwise_pallas.pallas_depthwise(
+      'kernels': lambda x, w: depthwise_pallas.pallas_depthwise(
           x, w, strides, padding, interpret),
       'xla': lambda x, w: depthwise_xla.xla_depthwise(
           x, w, strides, padding)}
@@ -81,7 +81,7 @@ def check(batch, shape, dtype, interpret, repeats):
                                                          repeats=repeats)}
   errors = {
       out: float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-9))
-      for out, a, b in zip(('y', 'dx', 'dw'), results['pallas'],
+      for out, a, b in zip(('y', 'dx', 'dw'), results['kernels'],
                            results['xla'])}
   return {'shape': list(shape), 'dtype': jnp.dtype(dtype).name,
           'relative_error': errors, **times}

@@ -11,13 +11,14 @@ process, and its autotuner picks per process), in this order:
   A            stage (a), autotuning anew; its picks saved (--save_autotune)
   B            loading A's picks, a miss failing the compile: (a), fed
                from the host (h), and its profile (g)
-  pallas       depthwise=pallas: (a), (h) and its profile (g)
+  with_pallas  depthwise=pallas: (a), (h) and its profile (g)
   keras        (a) loading the picks (Keras' own convolutions are not among
                them: no require-complete), then Keras' own B0 with
                model.fit (f), whose epochs alternate with (a)'s step timed
                again, so a card's drift favours neither
   C            (a) loading the picks again, require-complete
-  stacked_grad depthwise=stacked_grad (the one-reduction filter gradient)
+  with_stacked_grad  depthwise=stacked_grad (the one-reduction filter
+               gradient)
 
 A step that would not end within what is left of the budget is skipped.
 OUT/call.json holds every step's figures and the summary, rewritten after
@@ -65,13 +66,13 @@ STEPS = (
                                  '--variant=depthwise=pallas_forward')),
     Step('B', "loads A's picks, require-complete",
          ('--stages=ahg', '--autotune=require', '--keep_hlo')),
-    Step('pallas', 'depthwise=pallas',
+    Step('with_pallas', 'depthwise=pallas',
          ('--stages=ahg', '--config.depthwise=pallas')),
     Step('keras', "loads the picks; Keras' own model.fit",
          ('--stages=af', '--autotune=load')),
     Step('C', 'loads the picks, require-complete',
          ('--stages=a', '--autotune=require')),
-    Step('stacked_grad', 'depthwise=stacked_grad',
+    Step('with_stacked_grad', 'depthwise=stacked_grad',
          ('--stages=ah', '--config.depthwise=stacked_grad')),
 )
 # The loading processes, whose spread shows the same kernels in each.
@@ -257,16 +258,16 @@ def summarize(steps):
     summary['loading_spread'] = round(
         (max(values) - min(values)) / statistics.median(values), 4)
   baseline = statistics.median(loading.values()) if loading else rate('A')
-  for form in ('pallas', 'stacked_grad'):
-    if rate(form) and baseline:
-      summary[f'{form}_of_baseline'] = round(rate(form) / baseline, 4)
+  for step in ('with_pallas', 'with_stacked_grad'):
+    if rate(step) and baseline:
+      summary[f'{step}_of_baseline'] = round(rate(step) / baseline, 4)
   for name, variant in steps.get('A', {}).get('variants', {}).items():
     # Timed in A's process beside A's step timed again just before.
     summary[f'{name} (in A)'] = variant.get('of_baseline',
                                             variant.get('failed'))
   keras = _stage(steps, 'keras', 'f_keras_fit')
   fed = {n: _stage(steps, n, 'h_host_fed') for n in
-         ('B', 'pallas', 'stacked_grad')}
+         ('B', 'with_pallas', 'with_stacked_grad')}
   fed = {n: r for n, r in fed.items() if r}
   if keras and fed:
     best = max(fed, key=fed.get)
@@ -276,7 +277,7 @@ def summarize(steps):
         'baseline_alternating_in_its_process': steps['keras']['stages'][
             'f_keras_fit'].get('this_projects_step_against_it')}
   summary['depthwise_ms_per_step'] = {
-      n: _depthwise_classes(steps, n) for n in ('B', 'pallas')}
+      n: _depthwise_classes(steps, n) for n in ('B', 'with_pallas')}
   return summary
 
 

@@ -12,7 +12,6 @@ import statistics
 from pipeline.backends.jax import JaxBackend
 from pipeline.rules.machine import probes
 from pipeline.rules.speed import autotune
-from pipeline.rules.speed import saved_rate
 
 
 # Where each probe process writes the autotuner's picks (a GPU's XLA
@@ -110,11 +109,12 @@ def convolution_picks(probe, text):
   return figures
 
 
-def save_autotune(results, config, out_dir):
+def save_autotune(results, step_key, out_dir):
   """Keeps the autotune picks of the fastest process within
   autotune.FASTEST of the median (this one alone without --repeats) for
-  this card, software and step (rules/speed/autotune.py), which every
-  later process on the JAX route loads; returns what it did, in a line."""
+  this card, software and step (`step_key(devices, policy)`: the step's
+  name, saved_rate.step_key of the probe's config), which every later
+  process on the JAX route loads; returns what it did, in a line."""
   machine_, stages = results['machine'], results['stages']
   if machine_['platform'] != 'gpu':
     return 'no picks saved: only a GPU autotunes its convolutions'
@@ -127,8 +127,7 @@ def save_autotune(results, config, out_dir):
     return ('no picks saved: no process timed stage a within '
             f'{autotune.FASTEST:.0%} of the median')
   label, folder = chosen
-  key = saved_rate.step_key(config, machine_['devices'],
-                            stages['a_device_rate']['policy'])
+  key = step_key(machine_['devices'], stages['a_device_rate']['policy'])
   try:
     with open(os.path.join(folder, CONVOLUTIONS_FILE),
               encoding='utf-8') as f:
