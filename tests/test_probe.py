@@ -317,7 +317,7 @@ def test_unknown_stages_are_one_line(tmp_path):
                       timeout=120)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
-      "error: --stages='az': letters of 'abcdefg', e.g. abf")
+      "error: --stages='az': letters of 'abcdefgh', e.g. abf")
 
 
 def test_the_profile_names_what_it_could_not_attribute():
