@@ -41,23 +41,19 @@ def prepare_autotune(out_dir, mode, environ=None, gpus=None):
   Returns the loaded file's path, or None; ValueError where 'require'
   finds none on a GPU. `gpus` stands in for the driver's list (tests)."""
   environ = os.environ if environ is None else environ
-  added = [autotune_flag(out_dir)]
-  loaded = None
+  added, loaded = [autotune_flag(out_dir)], None
   gpus = probes.gpu_models() if gpus is None else gpus
   if mode != 'fresh' and gpus:
-    print(f'probe: autotune picks for {card(gpus=gpus)} and '
-          f'{JaxBackend().software()}', flush=True)
-    loaded, skipped = autotune.merged(card(gpus=gpus),
-                                      JaxBackend().software())
+    where = (card(gpus=gpus), JaxBackend().software())
+    print(f'probe: autotune picks for {where[0]} and {where[1]}', flush=True)
+    loaded, skipped = autotune.merged(*where)
     for line in skipped:
       print(f'probe: {line}', flush=True)
     if loaded:
       added += autotune.flags(loaded, require_complete=mode == 'require')
     elif mode == 'require':
-      raise ValueError(
-          f'no picks saved for {card(gpus=gpus)} and '
-          f'{JaxBackend().software()}: '
-          'save them first with --save_autotune')
+      raise ValueError(f'no picks saved for {where[0]} and {where[1]}: save '
+                       'them first with --save_autotune')
   environ['XLA_FLAGS'] = autotune.with_flags(environ.get('XLA_FLAGS'), added)
   return loaded
 
