@@ -81,6 +81,7 @@ def test_an_eval_csv_is_the_eval_split(digits):
   assert (source.num_train_examples, source.num_eval_examples) == (100, 62)
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_named_classes_train_evaluate_and_predict_names_a_file(digits,
                                                                tmp_path):
   """The issue's command on the default config (a decoded cache): the
@@ -122,6 +123,7 @@ def test_named_classes_train_evaluate_and_predict_names_a_file(digits,
   assert f"{answer['file']}: {top[0]} " in predicted.stdout
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_integer_labels_train_uncached_counting_both_bad_files(digits,
                                                               tmp_path):
   root, rows = digits

@@ -322,6 +322,7 @@ def test_bad_trees_on_cloud_storage_in_one_line(gcs_tree, root, message):
   assert message in str(error.value) and '\n' not in str(error.value)
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_trains_from_cloud_storage_and_converts_from_it(gcs_tree, tmp_path):
   _train(gcs_tree, tmp_path / 'run', epochs=1)
   output = tmp_path / 'records'

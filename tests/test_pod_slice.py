@@ -157,6 +157,7 @@ def test_every_worker_runs_the_same_command_after_earlier_runs_end(
         runs / f'{name}.log').read_text()
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_a_worker_that_fails_is_named_and_the_others_stop(tmp_path,
                                                          tfds_dir):
   """Worker 1 stops at once (a bad TF_CONFIG); worker 0, waiting for it to

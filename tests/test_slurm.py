@@ -485,8 +485,13 @@ BINDINGS = {
 # (pipeline/rules/machine/placement.py), each binding tested on
 # TensorFlow's; on JAX, whose four processes take half a minute a binding,
 # the one that asks the most of it (nvidia-smi, SLURM_GPUS_ON_NODE).
-BINDINGS_ON_THIS_BACKEND = (list(BINDINGS) if BACKEND == 'tensorflow'
-                            else ['gpu-bind=none'])
+# On TensorFlow two bindings are fast and two slow (the fast suite's 12
+# minutes: each takes 20-25 s of a module's process).
+BINDINGS_ON_THIS_BACKEND = (
+    ['gpus-per-task=1', 'gpus-per-task=2'] + [
+        pytest.param(name, marks=pytest.mark.slow)
+        for name in ('gpus-per-node=4', 'gpu-bind=none')]
+    if BACKEND == 'tensorflow' else ['gpu-bind=none'])
 
 
 @SLOW_ON_JAX

@@ -152,6 +152,7 @@ def test_native_lines_reach_the_terminal_after_the_filter_dies(tmp_path):
                                              'straight to stderr']
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_ctrl_c_stops_evaluate_follow_in_one_line(tmp_path, tfds_dir):
   """launch.evaluate --follow on a run that is not finished: Ctrl-C while
   it waits for the next checkpoint ends it in one line, naming what it
@@ -176,6 +177,7 @@ def test_ctrl_c_stops_evaluate_follow_in_one_line(tmp_path, tfds_dir):
       f'{step}'), output[-3000:]
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_ctrl_c_stops_a_comparison_and_its_run(tmp_path, tfds_dir):
   """launch.compare passes Ctrl-C on to the run in progress once: the run
   saves and stops, and the comparison says what finished."""

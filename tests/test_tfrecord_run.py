@@ -108,6 +108,7 @@ def test_benchmark_prints_three_throughputs(jpeg_dir, tmp_path):
           'jaxlib, which is not installed here') in result.stdout
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_benchmark_of_the_input_alone_against_a_target(jpeg_dir, tmp_path):
   output = tmp_path / 'bench.json'
   result = run_module('launch.benchmark', *_tfrecord_flags(jpeg_dir),

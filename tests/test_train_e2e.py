@@ -40,6 +40,7 @@ def mirrored_run(tmp_path_factory, tfds_dir):
   return workdir, result
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_mirrored_bfloat16_run_reports_two_replicas(mirrored_run):
   workdir, result = mirrored_run
   metrics = _metrics(workdir)
@@ -324,6 +325,7 @@ def test_killed_run_resumes_its_step_count(tmp_path, tfds_dir):
   assert _metrics(workdir)['train_steps'] == 0
 
 
+@pytest.mark.slow  # Half a minute or more: the fast suite's 12 minutes.
 def test_bad_input_fails_in_one_line_and_keeps_the_workdir(mirrored_run,
                                                            tfds_dir):
   """Mistakes the launcher meets before anything is built, each a real
