@@ -7,7 +7,7 @@ run unless every test ran or skipped as expected, in time:
   ci: skipped for time: N (...)            a skip for time fails the run
   ci: unexpected skips: N (...)            so does any skip not listed in
                                            .ci/expected_skips for its tier
-  ci: the run took M:SS of 60:00           longer fails it
+  ci: the run took M:SS of 85:00           longer fails it
   ci: N passed, N failed, N skipped (N as expected)
 
 A tier cut short before pytest finished its file (a full disk, a kill), a
@@ -28,8 +28,9 @@ import xml.etree.ElementTree as ET
 
 # What tests/conftest.py says of a test that would start past the deadline.
 FOR_TIME = 'CI time budget spent'
-# The hour CI promises, from the run's first line.
-LIMIT_S = 3600
+# From the run's first line: CI's own limit is 90 minutes; a run past 85
+# fails here, readable, before CI would cut it off (the aim is 60).
+LIMIT_S = 5100
 SLOWEST = 10
 
 
