@@ -44,15 +44,15 @@ def prepare_autotune(out_dir, mode, environ=None, gpus=None):
   added, loaded = [autotune_flag(out_dir)], None
   gpus = probes.gpu_models() if gpus is None else gpus
   if mode != 'fresh' and gpus:
-    where = (card(gpus=gpus), JaxBackend().software())
-    print(f'probe: autotune picks for {where[0]} and {where[1]}', flush=True)
-    loaded, skipped = autotune.merged(*where)
+    card_name, software = card(gpus=gpus), JaxBackend().software()
+    print(f'probe: autotune picks for {card_name} and {software}', flush=True)
+    loaded, skipped = autotune.merged(card_name, software)
     for line in skipped:
       print(f'probe: {line}', flush=True)
     if loaded:
       added += autotune.flags(loaded, require_complete=mode == 'require')
     elif mode == 'require':
-      raise ValueError(f'no picks saved for {where[0]} and {where[1]}: save '
+      raise ValueError(f'no picks saved for {card_name} and {software}: save '
                        'them first with --save_autotune')
   environ['XLA_FLAGS'] = autotune.with_flags(environ.get('XLA_FLAGS'), added)
   return loaded
