@@ -88,7 +88,8 @@ _TIME_TO_ACCURACY = flags.DEFINE_bool(
     'time_to_accuracy', False, 'Instead: train the config as it is and again '
     'with progressive learning (its progressive_stages, else 2), one after '
     'the other, and say how long each took to the fixed run\'s final '
-    'accuracy; the runs are kept under the --output file\'s folder.')
+    'accuracy; the runs are kept in --workdir, else beside --output (its '
+    'name without .json), in fixed/ and progressive/.')
 # What is launch.benchmark's own, not launch.train's: left out of the runs
 # --time_to_accuracy starts.
 _OWN_FLAGS = ('--num_executions', '--output', '--input_only', '--policies',
@@ -110,7 +111,7 @@ def main(config):
     stages = config.progressive_stages if config.progressive_stages > 1 else 2
     result = time_to_accuracy.measure(
         [a for a in sys.argv[1:] if not a.startswith(_OWN_FLAGS)], stages,
-        os.path.splitext(output)[0])
+        request.workdir or os.path.splitext(output)[0])
     text = result['line']
   elif _BACKENDS.value:
     gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value,

@@ -153,12 +153,12 @@ def test_a_run_stopped_in_its_second_stage_resumes_there(tfds_dir, tmp_path):
 @pytest.mark.slow  # Two whole runs: CI's slow tier.
 def test_time_to_accuracy_trains_both_and_ends_in_its_line(tfds_dir, tmp_path):
   from conftest import run_module  # pylint: disable=g-import-not-at-top
-  output = tmp_path / 'tta.json'
-  result = run_module(
-      'launch.benchmark', '--time_to_accuracy', f'--output={output}',
-      '--num_executions=2', *tiny_args(tmp_path / 'ignored', tfds_dir,
-                                       '--config.image_size=64',
-                                       '--config.epochs=4'), timeout=900)
+  output, root = tmp_path / 'tta.json', tmp_path / 'runs'
+  command = ('launch.benchmark', '--time_to_accuracy', f'--output={output}',
+             '--num_executions=2', *tiny_args(root, tfds_dir,
+                                              '--config.image_size=64',
+                                              '--config.epochs=4'))
+  result = run_module(*command, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   last = result.stdout.strip().splitlines()[-2]  # Then 'written to ...'.
   assert re.fullmatch(
@@ -178,3 +178,14 @@ def test_time_to_accuracy_trains_both_and_ends_in_its_line(tfds_dir, tmp_path):
       runs['progressive']['workdir'], 'run.json')).read())
   assert [s['image_size'] for s in
           progressive_run['resolved']['progressive_stages']] == [32, 64]
+  # The runs are the --workdir's; a rerun there would time a resumed run:
+  # refused in one line, the first runs untouched.
+  assert [runs[label]['workdir'] for label in ('fixed', 'progressive')] == [
+      str(root / 'fixed'), str(root / 'progressive')]
+  kept = (root / 'fixed' / 'metrics.json').read_bytes()
+  again = run_module(*command, timeout=300)
+  assert again.returncode == 1
+  assert again.stderr.strip().splitlines()[-1] == (
+      f'error: {root}/fixed already holds a run: --time_to_accuracy times '
+      'two fresh runs; give another --workdir (or --output), or remove it')
+  assert (root / 'fixed' / 'metrics.json').read_bytes() == kept

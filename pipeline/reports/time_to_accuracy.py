@@ -9,7 +9,6 @@ event's wall time). The ratio progressive/fixed below 1 is the time the
 stages save.
 """
 
-import glob
 import json
 import os
 import subprocess
@@ -22,12 +21,16 @@ import tensorflow as tf
 from pipeline.errors import UserError
 
 
+LABELS = ('fixed', 'progressive')
+
+
 def measure(train_args, stages, root):
-  """Both runs of `train_args` (launch.train's flags, no --workdir) under
-  `root`/fixed and `root`/progressive (`stages` stages); the result dict,
-  with 'line', the one-line verdict."""
+  """Both runs of `train_args` (launch.train's flags; a --workdir among
+  them is overridden) in `root`/fixed and `root`/progressive (`stages`
+  stages); the result dict, with 'line', the one-line verdict."""
+  _check_fresh(root)
   runs = {}
-  for label, count in (('fixed', 0), ('progressive', stages)):
+  for label, count in zip(LABELS, (0, stages)):
     workdir = os.path.join(root, label)
     logging.info('Time to accuracy: the %s run (progressive_stages=%d) in %s',
                  label, count, workdir)
@@ -41,7 +44,7 @@ def measure(train_args, stages, root):
       raise UserError(f'the {label} run of --time_to_accuracy failed (exit '
                       f'{child.returncode}; its error is above, its log in '
                       f'{workdir})')
-    with open(os.path.join(workdir, 'metrics.json')) as f:
+    with tf.io.gfile.GFile(os.path.join(workdir, 'metrics.json')) as f:
       final = json.load(f)['eval_accuracy']
     runs[label] = {'workdir': workdir, 'final_accuracy': final,
                    'wall_s': time.time() - started,
@@ -49,12 +52,24 @@ def measure(train_args, stages, root):
   return _verdict(runs)
 
 
+def _check_fresh(root):
+  """Both runs are timed from their first step: a workdir that holds a run
+  would be resumed (or found finished) and its times mean nothing, and
+  nothing of it may be overwritten. One line, before either run starts."""
+  for label in LABELS:
+    workdir = os.path.join(root, label)
+    if tf.io.gfile.exists(workdir) and tf.io.gfile.listdir(workdir):
+      raise UserError(
+          f'{workdir} already holds a run: --time_to_accuracy times two '
+          'fresh runs; give another --workdir (or --output), or remove it')
+
+
 def eval_curve(workdir, started):
   """[[seconds since `started`, step, accuracy]] of a run's evaluations,
   from its TensorBoard eval events, in order."""
   points = []
-  for path in glob.glob(os.path.join(workdir, 'tensorboard', 'eval',
-                                     'events.out.tfevents.*')):
+  for path in tf.io.gfile.glob(os.path.join(workdir, 'tensorboard', 'eval',
+                                           'events.out.tfevents.*')):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
         if value.tag == 'accuracy':
