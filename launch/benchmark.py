@@ -22,6 +22,10 @@
   # Time to accuracy: the config as it is, then with progressive learning
   # (its progressive_stages, else 2), each a whole run evaluated each epoch.
   python -m launch.benchmark --time_to_accuracy --config.image_size=64
+  # ... on the bundled set where resolution matters (BUILD_NOTES):
+  python -m launch.benchmark --time_to_accuracy \
+      --config.dataset=scattered_digits --config.model=efficientnet_tiny \
+      --config.image_size=64 --config.epochs=30
 
 Prints a table and writes it as JSON (--output, default under runs/). Same hardware and config
 flags as launch.train.

@@ -21,6 +21,7 @@ from pipeline.data import inputs
 from pipeline.data import decode
 from pipeline.data import cache
 from pipeline.data import sources
+from pipeline.data.sources.tfds_set import sklearn_digits
 from pipeline.data.sources.tfrecord import records as tfrecords
 from pipeline.errors import UserError
 from pipeline.data.input_spec import InputSpec
@@ -110,6 +111,40 @@ def test_digits_source_has_fixed_splits(tfds_dir):
   source = sources.load_source(_config(data_dir=tfds_dir))
   assert source.num_classes == 10
   assert (source.num_train_examples, source.num_eval_examples) == (1438, 359)
+
+
+def test_scattered_digits_are_the_digits_at_many_sizes_and_places(tmp_path):
+  # The set progressive learning's time to accuracy is measured on
+  # offline: every digit three times, its test split the test digits only.
+  source = sources.load_source(_config(dataset='scattered_digits',
+                                       data_dir=str(tmp_path)))
+  assert source.num_classes == 10
+  assert (source.num_train_examples, source.num_eval_examples) == (
+      3 * 1438, 3 * 359)
+  digits = sklearn_digits.splits()
+  train_keys, test_keys = digits['train'][2], digits['test'][2]
+  assert not set(train_keys) & set(test_keys)
+  images = digits['test'][0][:40]
+  scattered = sklearn_digits.scatter(images, seed=2)
+  assert scattered.shape == (120, 64, 64, 1) and scattered.dtype == np.uint8
+  extents = []
+  for index, canvas in enumerate(scattered[..., 0]):
+    # The ink is the digit itself, scaled: taken back to the size of the
+    # original's ink, it is the original.
+    original = _inked(images[index % len(images)])
+    window = _inked(canvas)
+    extents.append(max(window.shape))
+    back = tf.image.resize(window[..., None].astype(np.float32),
+                           original.shape, 'area')[..., 0].numpy()
+    assert np.corrcoef(back.ravel(), original.ravel())[0, 1] > 0.8, index
+  assert max(extents) <= 60
+  assert min(extents) < 20 and max(extents) > 45  # Many scales.
+
+
+def _inked(image):
+  """The smallest window of `image` holding all its ink."""
+  rows, columns = np.nonzero(image)
+  return image[rows.min():rows.max() + 1, columns.min():columns.max() + 1]
 
 
 def test_split_specs_select_slices(tfds_dir):

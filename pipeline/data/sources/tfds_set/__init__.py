@@ -20,8 +20,8 @@ class TfdsSet(DataSource):
   """A tensorflow-datasets set, by its name."""
   name = 'a tensorflow-datasets name'
   description = ('any tensorflow-datasets image classification set by its '
-                 'name (sklearn_digits, bundled with scikit-learn, works '
-                 'offline)')
+                 'name (sklearn_digits and scattered_digits, bundled with '
+                 'scikit-learn, work offline)')
   keys = {
       'data_dir': parts.Key("tfds' data_dir (local or gs://); '' is tfds' "
                             'default'),
@@ -43,11 +43,12 @@ class TfdsSet(DataSource):
 
 
 def _prepare(builder):
-  """download_and_prepare; for the bundled set, quietly: tfds would print
+  """download_and_prepare; for the bundled sets, quietly: tfds would print
   "Downloading and preparing dataset Unknown size" and progress bars for
   data that ship with scikit-learn. A real download keeps its display."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  if builder.name != 'sklearn_digits':
+  from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top
+  if builder.name not in sklearn_digits.BUNDLED:
     builder.download_and_prepare()
     return
   chatter = io.StringIO()
@@ -57,9 +58,9 @@ def _prepare(builder):
       builder.download_and_prepare()
   finally:
     tfds.enable_progress_bar()
-  if 'Dataset sklearn_digits downloaded and prepared' in chatter.getvalue():
-    logging.info('Prepared sklearn_digits (bundled with scikit-learn) in %s',
-                 builder.data_dir)
+  if f'Dataset {builder.name} downloaded and prepared' in chatter.getvalue():
+    logging.info('Prepared %s (bundled with scikit-learn) in %s',
+                 builder.name, builder.data_dir)
 
 
 def _load(settings):
