@@ -37,8 +37,27 @@ from conftest import wait_until_gone
 jax = pytest.importorskip('jax', reason='the JAX suite runs in the JAX '
                           'environment (requirements-jax-test.txt)')
 
+from pipeline.backends.jax import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.rules.machine import stopping  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+
+@pytest.mark.parametrize('raised', [
+    jax.errors.JaxRuntimeError('UNAVAILABLE: Task 1 heartbeat timeout'),
+    # What process_allgather raised as a killed Slurm task's peer.
+    ValueError('UNKNOWN: Gloo AllGather failed: [pair.cc:538] Read error '
+               '[10.0.0.11]:37066: Connection reset by peer')])
+def test_a_lost_host_is_one_line_whichever_error_jax_raises(raised,
+                                                            monkeypatch):
+  monkeypatch.setattr(devices, '_joined_by', ['Slurm (job 3)'])
+  with pytest.raises(UserError, match=r'^another host \(Slurm \(job 3\)\) '
+                     'stopped or never answered'):
+    with devices.peers_lost_in_one_line():
+      raise raised
+  # Anything else is no lost host: it goes on as it was.
+  with pytest.raises(ValueError, match='shapes differ'):
+    with devices.peers_lost_in_one_line():
+      raise ValueError('shapes differ')
 
 
 def test_float16_trains_with_dynamic_loss_scaling_over_two_devices(

@@ -163,10 +163,12 @@ _joined_by = []
 @contextlib.contextmanager
 def peers_lost_in_one_line():
   """Turns what JAX raises when another host died or never answered into
-  one UserError line (multi-host runs only)."""
+  one UserError line (multi-host runs only). A collective whose peer
+  died may raise a ValueError rather than a JaxRuntimeError (gloo's
+  "AllGather failed: ... Connection reset by peer" from a jitted gather)."""
   try:
     yield
-  except jax.errors.JaxRuntimeError as e:
+  except (jax.errors.JaxRuntimeError, ValueError) as e:
     if not _joined_by or not _PEER_LOST.search(str(e)):
       raise
     raise UserError(
