@@ -66,7 +66,7 @@ def _prepare(builder):
 def _load(settings):
   """The tensorflow-datasets set `settings.dataset` names, prepared."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builder)
+  from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builders)
   try:
     builder = tfds.builder(settings.dataset,
                            data_dir=settings.data_dir or None)

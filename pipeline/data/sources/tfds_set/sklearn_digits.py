@@ -20,8 +20,6 @@ import tensorflow_datasets as tfds
 
 _TEST_FRACTION = 0.2
 _SPLIT_SEED = 0
-# Both prepare from scikit-learn, nothing downloaded.
-BUNDLED = ('sklearn_digits', 'scattered_digits')
 
 
 def splits():
@@ -118,3 +116,8 @@ class ScatteredDigits(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, images, labels):
     for key, (image, label) in enumerate(zip(images, labels)):
       yield key, {'image': image, 'label': int(label)}
+
+
+# The builders' names (tfds derives each from its class): both prepare from
+# scikit-learn, nothing downloaded.
+BUNDLED = (SklearnDigits.name, ScatteredDigits.name)
