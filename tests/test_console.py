@@ -204,17 +204,43 @@ def test_the_loss_curve_has_at_most_200_points(total_steps, points):
 def test_the_time_left_to_the_end_and_the_next_evaluation(step, every,
                                                           per_step, says):
   from pipeline.training import progress  # pylint: disable=g-import-not-at-top
-  assert progress.time_left(step, 100, every, per_step) == says
+  times = progress.StepTimes(_stages((0, 100, 64)))
+  if per_step is not None:
+    times.add(0, 8, 8 * per_step)
+  assert progress.time_left(step, 100, every, times.seconds) == says
+
+
+def _stages(*spans):
+  from pipeline.recipe import progressive  # pylint: disable=g-import-not-at-top
+  return tuple(progressive.Stage(index, first, end, size, 0.0, 0.0, 0.0)
+               for index, (first, end, size) in enumerate(spans))
+
+
+def test_the_time_left_of_a_progressive_run_counts_its_larger_stages():
+  """A first stage at 32 px must not promise the end at its speed: the
+  64 px stage ahead is taken as 4x its step (the pixels) until measured."""
+  from pipeline.training import progress  # pylint: disable=g-import-not-at-top
+  times = progress.StepTimes(_stages((0, 50, 32), (50, 100, 64)))
+  times.add(0, 10, 1.0)  # 0.1 s a step at 32 px.
+  # 40 steps at 0.1 s, then 50 at 0.4 s: 24 s, not 9.
+  assert progress.time_left(10, 100, 0, times.seconds) == (
+      '24s left, next eval in 24s')
+  assert progress.time_left(10, 100, 20, times.seconds) == (
+      '24s left, next eval in 1s')
+  times.add(50, 10, 3.0)  # Measured: 0.3 s a step at 64 px.
+  assert progress.time_left(60, 100, 0, times.seconds) == (
+      '12s left, next eval in 12s')
 
 
 def test_the_meter_times_steps_without_the_compiling_execution():
   from pipeline.training import progress  # pylint: disable=g-import-not-at-top
   meter = progress.Meter(global_batch_size=8)
   meter.add(4, 30.0, 0.0)  # Traced and compiled: not a step's time.
-  assert meter.seconds_per_step() is None
+  assert meter.overall() == (None, None)
   meter.add(4, 2.0, 0.5)
   meter.add(2, 1.0, 0.0)
-  assert meter.seconds_per_step() == 0.5
+  meter.add(2, 9.0, 0.0, compiled=True)  # A stage's first, at a new size.
+  assert meter.overall() == (6 * 8 / 3.0, 0.5 / 3.0)
 
 
 def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
