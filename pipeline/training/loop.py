@@ -208,6 +208,8 @@ def run_loop(trainer, batches, plan, initial_step, periodic_actions):
     iterator, programs = batches.at(step), trainer.compiled_programs()
     start = time.perf_counter()
     outputs = trainer.train(iterator, num_steps)
+    # The stage's input is StagedInput's alone, to release when spent.
+    del iterator
     execution = actions.Execution(
         step, step + num_steps, plan.total_steps, time.perf_counter() - start,
         outputs, compiled=trainer.compiled_programs() > programs)

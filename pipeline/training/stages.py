@@ -11,6 +11,7 @@ more program of the training step, which the log says.
 from absl import logging
 
 from pipeline.data import inputs
+from pipeline.data import spent_iterators
 from pipeline.recipe import models
 from pipeline.recipe import progressive
 
@@ -43,6 +44,9 @@ class StagedInput:
                    f' (resumed at step {step})' if step > stage.first_step
                    else '')
     job = self.service_job + (f':stage{stage.index}' if count > 1 else '')
+    if self.iterator is not None:
+      # Its destruction can stand still for up to a minute; not here.
+      spent_iterators.release(self.iterator)
     self.iterator = iter(plan.backend.distribute(
         plan.hardware, inputs.train_input(plan, job, spec)))
     self.stage = stage

@@ -33,6 +33,7 @@ from pipeline.backends.jax import programs
 from pipeline.backends.jax import staging as staging_lib
 from pipeline.backends.jax.programs import on_host
 from pipeline.data import decode
+from pipeline.data import spent_iterators
 from pipeline.errors import UserError
 from pipeline.rules.speed import autotune
 from pipeline.rules.speed import precision
@@ -182,6 +183,7 @@ class Trainer:
         totals = sums if totals is None else jax.tree.map(jnp.add, totals,
                                                           sums)
       sums, confusion = on_host(totals)
+    spent_iterators.release(iterator)
     loss, correct, correct_top_k, examples = (float(x) for x in sums)
     return {'loss': loss / examples, 'accuracy': correct / examples,
             'top5_accuracy': correct_top_k / examples, 'examples': examples,

@@ -25,6 +25,7 @@ from pipeline.backends.tensorflow.workers import peers_lost_in_one_line
 from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.data import decode
+from pipeline.data import spent_iterators
 from pipeline.errors import UserError
 from pipeline.rules.speed import precision
 from pipeline.storage import checkpoint_files
@@ -118,12 +119,19 @@ class Trainer:
     exported) and loss_raw, accuracy_raw, top5_accuracy_raw the model's own.
     """
     if not self.ema:
-      return self._run(self.eval_fn, iter(dataset), num_steps)
-    raw = self._run(self.eval_fn, iter(dataset), num_steps)
+      return self._evaluate(dataset, num_steps)
+    raw = self._evaluate(dataset, num_steps)
     with self.ema.applied_to_model():
-      result = self._run(self.eval_fn, iter(dataset), num_steps)
+      result = self._evaluate(dataset, num_steps)
     return dict(result, **{f'{key}_raw': raw[key] for key in
                            ('loss', 'accuracy', 'top5_accuracy')})
+
+  def _evaluate(self, dataset, num_steps):
+    iterator = iter(dataset)
+    try:
+      return self._run(self.eval_fn, iterator, num_steps)
+    finally:
+      spent_iterators.release(iterator)
 
   def exported_weights(self):
     """A context in which the model holds what is exported: the moving
