@@ -2,11 +2,14 @@
 (pipeline/data/spent_iterators.py)."""
 
 import queue
+import subprocess
+import sys
 import threading
 import weakref
 
 import tensorflow as tf
 
+from conftest import REPO
 from pipeline.data import spent_iterators
 
 
@@ -44,3 +47,21 @@ def test_a_tf_data_iterator_is_destroyed_on_the_release_thread():
   assert destroyed.get(timeout=60 + spent_iterators.HANDOVER_S) == (
       'spent-iterators')
   assert watch() is None
+
+
+def test_a_destruction_still_waiting_does_not_hold_the_process_at_exit():
+  """A run stopped (SIGTERM's exit 143) while an iterator is still being
+  destroyed exits at once with its own status."""
+  code = ('import sys, threading\n'
+          'from pipeline.data import spent_iterators\n'
+          'entered = threading.Event()\n'
+          'class Spent:\n'
+          '  def __del__(self):\n'
+          '    entered.set()\n'
+          '    threading.Event().wait()\n'
+          'spent_iterators.release(Spent())\n'
+          'assert entered.wait(10)\n'
+          'sys.exit(143)\n')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                          timeout=60, check=False)
+  assert result.returncode == 143
