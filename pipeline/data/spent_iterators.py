@@ -16,6 +16,7 @@ lets go of the GIL while it deletes a tensor handle).
 """
 
 import gc
+import os
 import queue
 import sys
 import threading
@@ -52,9 +53,19 @@ def _release_each():
     # Two references: this frame's and getrefcount's own argument.
     while sys.getrefcount(iterator) > 2 and time.monotonic() < deadline:
       time.sleep(0.01)
+    held = sys.getrefcount(iterator) > 2
     started = time.monotonic()
     del iterator
-    # An iterator some wrapper holds in a reference cycle goes here too.
-    gc.collect()
+    if held:  # In a reference cycle of some wrapper: collected here too.
+      gc.collect()
     logging.debug('Destroyed a spent input in %.1f s (off the training '
                   'thread)', time.monotonic() - started)
+
+
+def _forget_thread():
+  """A forked child has no release thread: release() starts its own."""
+  global _thread, _spent
+  _thread, _spent = None, queue.SimpleQueue()
+
+
+os.register_at_fork(after_in_child=_forget_thread)
