@@ -112,7 +112,8 @@ def time_left(step, total_steps, eval_every_steps, seconds_of):
   estimated seconds of steps [start, end) (StepTimes.seconds), None before
   the first measured step: then 'time left: estimating'. Without periodic
   evaluation the next is the last."""
-  if seconds_of(step, total_steps) is None:
+  run_left = seconds_of(step, total_steps)
+  if run_left is None:
     return 'time left: estimating'
   if step >= total_steps:
     return 'final eval next'
@@ -120,8 +121,8 @@ def time_left(step, total_steps, eval_every_steps, seconds_of):
   if eval_every_steps:
     next_eval = min((step // eval_every_steps + 1) * eval_every_steps,
                     total_steps)
-  return (f'{console.duration(seconds_of(step, total_steps))} left, next '
-          f'eval in {console.duration(seconds_of(step, next_eval))}')
+  return (f'{console.duration(run_left)} left, next eval in '
+          f'{console.duration(seconds_of(step, next_eval))}')
 
 
 def curve_every(total_steps):
