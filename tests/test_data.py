@@ -113,32 +113,38 @@ def test_digits_source_has_fixed_splits(tfds_dir):
   assert (source.num_train_examples, source.num_eval_examples) == (1438, 359)
 
 
-def test_scattered_digits_are_the_digits_at_many_sizes_and_places(tmp_path):
-  # The set progressive learning's time to accuracy is measured on
+@pytest.mark.parametrize('name,canvas,largest', [
+    ('scattered_digits', 64, 60), ('scattered_digits128', 128, 120)])
+def test_scattered_digits_are_the_digits_at_many_sizes_and_places(
+    tmp_path, name, canvas, largest):
+  # The sets progressive learning's time to accuracy is measured on
   # offline: every digit three times, its test split the test digits only.
-  source = sources.load_source(_config(dataset='scattered_digits',
-                                       data_dir=str(tmp_path)))
+  source = sources.load_source(_config(dataset=name, data_dir=str(tmp_path)))
   assert source.num_classes == 10
   assert (source.num_train_examples, source.num_eval_examples) == (
       3 * 1438, 3 * 359)
+  builder = tfds.builder(name, data_dir=str(tmp_path))
+  assert builder.info.features['image'].shape == (canvas, canvas, 1)
   digits = sklearn_digits.splits()
   train_keys, test_keys = digits['train'][2], digits['test'][2]
   assert not set(train_keys) & set(test_keys)
   images = digits['test'][0][:40]
-  scattered = sklearn_digits.scatter(images, seed=2)
-  assert scattered.shape == (120, 64, 64, 1) and scattered.dtype == np.uint8
+  scattered = sklearn_digits.scatter(images, 2, builder.CANVAS, builder.SIZES)
+  assert scattered.shape == (120, canvas, canvas, 1)
+  assert scattered.dtype == np.uint8
   extents = []
-  for index, canvas in enumerate(scattered[..., 0]):
+  for index, picture in enumerate(scattered[..., 0]):
     # The ink is the digit itself, scaled: taken back to the size of the
     # original's ink, it is the original.
     original = _inked(images[index % len(images)])
-    window = _inked(canvas)
+    window = _inked(picture)
     extents.append(max(window.shape))
     back = tf.image.resize(window[..., None].astype(np.float32),
                            original.shape, 'area')[..., 0].numpy()
     assert np.corrcoef(back.ravel(), original.ravel())[0, 1] > 0.8, index
-  assert max(extents) <= 60
-  assert min(extents) < 20 and max(extents) > 45  # Many scales.
+  assert max(extents) <= largest
+  # Many scales, down to digits that need the whole canvas's resolution.
+  assert min(extents) < 20 and max(extents) > 0.75 * largest
 
 
 def _inked(image):

@@ -10,9 +10,12 @@ digits alone. A set where resolution matters (a digit under 16 px loses
 strokes at 32 px) and objects come at many scales, as random-resized crops
 of photographs make them, so a network trained at one size carries to
 another: progressive learning's time to accuracy can be measured offline on
-it (BUILD_NOTES). Reproducible from fixed seeds.
+it (BUILD_NOTES). `scattered_digits128`: the same at 10-120 px on a 128 px
+canvas, where the smallest digits need the whole 128 px, and a 128 px step
+costs five 64 px ones: the scale at which progressive learning pays.
+Reproducible from fixed seeds.
 
-Importing this module registers both builders.
+Importing this module registers the three builders.
 """
 
 import numpy as np
@@ -62,24 +65,23 @@ class SklearnDigits(tfds.core.GeneratorBasedBuilder):
       yield int(key), {'image': image[..., None], 'label': int(label)}
 
 
-SCATTERED_SIDE = 64
-SCATTERED_SIZES = (10, 60)  # The digit's side on the canvas, px.
 SCATTERED_COPIES = 3
 _SCATTER_SEEDS = {'train': 1, 'test': 2}
 
 
-def scatter(images, seed):
-  """uint8 [copies * n, SCATTERED_SIDE, SCATTERED_SIDE, 1]: each 8x8 image
+def scatter(images, seed, canvas=64, sizes=(10, 60)):
+  """uint8 [copies * n, canvas, canvas, 1]: each 8x8 image
   `SCATTERED_COPIES` times (copy-major), scaled bilinearly to a side drawn
-  from SCATTERED_SIZES and placed at a random spot on a black canvas."""
+  from `sizes` (px, both included) and placed at a random spot on a black
+  canvas."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
-  low, high = SCATTERED_SIZES
-  out = np.zeros((SCATTERED_COPIES * len(images), SCATTERED_SIDE,
-                  SCATTERED_SIDE, 1), np.uint8)
+  low, high = sizes
+  out = np.zeros((SCATTERED_COPIES * len(images), canvas, canvas, 1),
+                 np.uint8)
   for i, image in enumerate(np.tile(images, (SCATTERED_COPIES, 1, 1))):
     side = int(rng.integers(low, high + 1))
-    top, left = rng.integers(0, SCATTERED_SIDE - side + 1, size=2)
+    top, left = rng.integers(0, canvas - side + 1, size=2)
     scaled = tf.image.resize(image[..., None], (side, side), 'bilinear')
     out[i, top:top + side, left:left + side] = np.round(
         np.clip(scaled.numpy(), 0, 255))
@@ -90,6 +92,8 @@ class ScatteredDigits(tfds.core.GeneratorBasedBuilder):
   """The digits at 10-60 px anywhere on a 64 px canvas, three of each;
   4,314 train, 1,077 test (from the test digits alone)."""
 
+  CANVAS = 64
+  SIZES = (10, 60)  # The digit's side on the canvas, px.
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'First release.'}
 
@@ -97,7 +101,7 @@ class ScatteredDigits(tfds.core.GeneratorBasedBuilder):
     return self.dataset_info_from_configs(
         features=tfds.features.FeaturesDict({
             'image': tfds.features.Image(
-                shape=(SCATTERED_SIDE, SCATTERED_SIDE, 1)),
+                shape=(self.CANVAS, self.CANVAS, 1)),
             'label': tfds.features.ClassLabel(num_classes=10),
         }),
         supervised_keys=('image', 'label'),
@@ -109,7 +113,7 @@ class ScatteredDigits(tfds.core.GeneratorBasedBuilder):
     generators = {}
     for split, (images, labels, _) in splits().items():
       generators[split] = self._generate_examples(
-          scatter(images, _SCATTER_SEEDS[split]),
+          scatter(images, _SCATTER_SEEDS[split], self.CANVAS, self.SIZES),
           np.tile(labels, SCATTERED_COPIES))
     return generators
 
@@ -118,6 +122,14 @@ class ScatteredDigits(tfds.core.GeneratorBasedBuilder):
       yield key, {'image': image, 'label': int(label)}
 
 
-# The builders' names (tfds derives each from its class): both prepare from
+class ScatteredDigits128(ScatteredDigits):
+  """The digits at 10-120 px anywhere on a 128 px canvas, three of each;
+  the splits as scattered_digits'."""
+
+  CANVAS = 128
+  SIZES = (10, 120)
+
+
+# The builders' names (tfds derives each from its class): all prepare from
 # scikit-learn, nothing downloaded.
-BUNDLED = (SklearnDigits.name, ScatteredDigits.name)
+BUNDLED = (SklearnDigits.name, ScatteredDigits.name, ScatteredDigits128.name)
