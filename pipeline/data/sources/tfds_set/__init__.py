@@ -20,8 +20,9 @@ class TfdsSet(DataSource):
   """A tensorflow-datasets set, by its name."""
   name = 'a tensorflow-datasets name'
   description = ('any tensorflow-datasets image classification set by its '
-                 'name (sklearn_digits, scattered_digits and scattered_digits128, '
-                 'bundled with scikit-learn, work offline)')
+                 'name (sklearn_digits, scattered_digits and '
+                 'scattered_digits128, bundled with scikit-learn, work '
+                 'offline)')
   keys = {
       'data_dir': parts.Key("tfds' data_dir (local or gs://); '' is tfds' "
                             'default'),
