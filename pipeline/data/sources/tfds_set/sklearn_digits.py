@@ -69,7 +69,7 @@ SCATTERED_COPIES = 3
 _SCATTER_SEEDS = {'train': 1, 'test': 2}
 
 
-def scatter(images, seed, canvas=64, sizes=(10, 60)):
+def scatter(images, seed, canvas, sizes):
   """uint8 [copies * n, canvas, canvas, 1]: each 8x8 image
   `SCATTERED_COPIES` times (copy-major), scaled bilinearly to a side drawn
   from `sizes` (px, both included) and placed at a random spot on a black
