@@ -22,12 +22,12 @@
   # Time to accuracy: the config as it is, then with progressive learning
   # (its progressive_stages, else 2), each a whole run evaluated each epoch.
   python -m launch.benchmark --time_to_accuracy --config.image_size=64
-  # ... on a bundled set where resolution matters (BUILD_NOTES), in four
-  # stages from 32 px to 128:
+  # ... on a bundled set where resolution matters (BUILD_NOTES), in three
+  # stages from 48 px to 128:
   python -m launch.benchmark --time_to_accuracy \
       --config.dataset=scattered_digits128 --config.model=efficientnet_tiny \
       --config.image_size=128 --config.epochs=24 \
-      --config.progressive_stages=4 --config.progressive_first_image_size=32
+      --config.progressive_stages=3 --config.progressive_first_image_size=48
 
 Prints a table and writes it as JSON (--output, default under runs/). Same hardware and config
 flags as launch.train.
