@@ -56,6 +56,9 @@ from pipeline.reports import time_to_accuracy
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 
+# --helpshort lists the flags every launcher takes from launch/cli.py too.
+flags.adopt_module_key_flags(cli)
+
 _EXECUTIONS = flags.DEFINE_integer(
     'num_executions', 5, 'Timed calls of steps_per_execution steps each.')
 _OUTPUT = flags.DEFINE_string(

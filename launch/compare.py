@@ -26,6 +26,9 @@ from launch import cli
 from pipeline.errors import UserError
 from pipeline.reports import compare
 
+# --helpshort lists the flags every launcher takes from launch/cli.py too.
+flags.adopt_module_key_flags(cli)
+
 POLICIES = cli.define_policy_list(
     'policies', ['float32', 'mixed_bfloat16'],
     'Comma list of the policies to compare.')

@@ -33,6 +33,9 @@ from pipeline.errors import UserError
 from pipeline.reports import evaluation
 from pipeline.run import plan as plan_lib
 
+# --helpshort lists the flags every launcher takes from launch/cli.py too.
+flags.adopt_module_key_flags(cli)
+
 CHECKPOINT = flags.DEFINE_integer(
     'checkpoint', None, 'Step of the committed checkpoint to evaluate; '
     'default: the newest.')
