@@ -21,6 +21,7 @@ environment.prepare(sys.argv)  # Before TensorFlow loads.
 from absl import app
 from absl import flags
 
+from pipeline.reports import learning
 from pipeline.reports import predict
 from pipeline.errors import UserError
 
@@ -56,12 +57,15 @@ def main(argv):
     if images is None:
       raise UserError('no image could be read; JPEG and PNG files are '
                       'accepted')
-    rows = predict.top_k(predict.probabilities(model, images), names,
-                         TOP_K.value)
+    probabilities = predict.probabilities(model, images)
+    rows = predict.top_k(probabilities, names, TOP_K.value)
   except (UserError, OSError) as e:
     sys.exit(f'error: {e}')
   for path, row in zip(paths, rows):
     print(f'{path}: ' + ', '.join(f'{name} {p:.3f}' for name, p in row))
+  flat = learning.flat_probabilities(probabilities, paths)
+  if flat:
+    print(f'warning: {flat}', file=sys.stderr)
   if OUTPUT.value:
     _write(OUTPUT.value, paths, rows)
 

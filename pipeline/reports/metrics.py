@@ -8,6 +8,7 @@ import resource
 
 from absl import logging
 
+from pipeline.reports import learning
 from pipeline.run import console
 
 
@@ -30,8 +31,8 @@ def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
       'model': config.model,
       'dataset': plan.source.name,
       'input_pipeline': str(plan.input_pipeline),
-      'image_size': config.image_size,
-      'eval_image_size': config.eval_image_size,
+      'image_size': plan.image_sizes.train,
+      'eval_image_size': plan.image_sizes.eval,
       'global_batch_size': plan.global_batch_size,
       'steps_per_execution': plan.steps_per_execution,
       'initial_step': initial_step,
@@ -58,6 +59,11 @@ def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
       'eval_loss': final_eval['loss'],
       'eval_loss_raw': final_eval.get('loss_raw'),
       'eval_examples': int(final_eval['examples']),
+      # One line where the final evaluation shows a model that has not
+      # learned (one class for nearly every example, chance's accuracy).
+      'learning_warning': learning.not_learned(
+          final_eval['confusion'], plan.source.class_names, plan.total_steps,
+          plan.source.num_train_examples, plan.steps_per_epoch) or None,
       'eval_skipped_records': plan.source.num_eval_examples -
                               int(final_eval['examples']),
       'export_dir': export_dir,
@@ -72,11 +78,15 @@ def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
 
 
 def log_done(result, workdir_url):
-  """The run's last line."""
+  """The run's last line (a warning line before it where it has not
+  learned)."""
   rate, wait = result['train_images_per_sec'], result['input_wait_fraction']
   raw, top5 = result['eval_accuracy_raw'], result['eval_top5_accuracy']
+  warning = result.get('learning_warning')
+  if warning:
+    logging.warning('%s', warning)
   logging.info('Done: eval_accuracy %.4f%s%s, %s img/s, input wait %s, '
-               'wall time %s, weights sha256 %s; metrics in %s',
+               'wall time %s, weights sha256 %s; metrics in %s%s',
                result['eval_accuracy'],
                '' if top5 is None else f', top-5 {top5:.4f}',
                '' if raw is None else
@@ -84,7 +94,9 @@ def log_done(result, workdir_url):
                f'{rate:.0f}' if rate else '-',
                f'{wait:.0%}' if wait is not None else '-',
                console.duration(result['wall_s']),
-               result['weights_sha256'][:16], f'{workdir_url}/metrics.json')
+               result['weights_sha256'][:16], f'{workdir_url}/metrics.json',
+               '; warning: the model has not learned yet (the line above)' if warning
+               else '')
 
 
 def peak_memory(backend, hardware):
