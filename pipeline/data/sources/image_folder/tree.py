@@ -17,6 +17,7 @@ named).
 
 import os
 
+from absl import logging
 from google.api_core import exceptions
 import tensorflow as tf
 
@@ -28,15 +29,14 @@ from pipeline.storage import gcs
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
 ACCEPTED = 'JPEG, PNG, GIF, BMP or WebP files (' + ', '.join(
     IMAGE_EXTENSIONS) + ')'
-# What file managers and tools leave beside images: passed over.
-IGNORED = ('.ds_store', 'thumbs.db', 'desktop.ini')
-
-
 def list_classes(root):
   """(class names, [(path, label)]) of the tree under `root`; a one-line
-  UserError for a missing or empty tree, an empty class folder, or a file
-  of a kind TensorFlow does not decode. Hidden files and folders (a
-  notebook's .ipynb_checkpoints) are passed over."""
+  UserError for a missing or empty tree or an empty class folder. Files
+  that are not images by their names (notes, Thumbs.db, hidden files, a
+  notebook's .ipynb_checkpoints) are passed over, as Keras'
+  image_dataset_from_directory passes them, and counted in one line; a
+  file with an image's name that does not decode is skipped and counted
+  when it is read."""
   root = root.rstrip('/')
   folders, relatives = (_gcs_tree if gcs.is_gcs(root) else _tree)(root)
   names = sorted(name for name in folders if not name.startswith('.'))
@@ -45,17 +45,20 @@ def list_classes(root):
                     f'hold one folder per class (e.g. {root}/cat/1.jpg) of '
                     f'{ACCEPTED}')
   images = {name: [] for name in names}
+  passed_over = []
   for relative in sorted(relatives):
     parts = relative.split('/')
-    if len(parts) < 2 or any(part.startswith('.') for part in parts):
-      continue  # Beside the class folders, or hidden.
-    if parts[-1].lower() in IGNORED:
-      continue
+    if len(parts) < 2:
+      continue  # Beside the class folders.
     path = f'{root}/{relative}'
-    if not parts[-1].lower().endswith(IMAGE_EXTENSIONS):
-      raise UserError(f'{path!r} is not an image this pipeline reads; '
-                      f'accepted: {ACCEPTED} (hidden files are passed over)')
+    if (any(part.startswith('.') for part in parts) or
+        not parts[-1].lower().endswith(IMAGE_EXTENSIONS)):
+      passed_over.append(path)
+      continue
     images[parts[0]].append(path)
+  if passed_over:
+    logging.info('Passed over %d file(s) in %s that are not %s, e.g. %s',
+                 len(passed_over), root, ACCEPTED, passed_over[0])
   files = []
   for label, name in enumerate(names):
     if not images[name]:
