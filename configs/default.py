@@ -1,8 +1,11 @@
-"""Offline default: EfficientNet-B0 on scikit-learn's handwritten digits, 32 px.
+"""Offline default: EfficientNet-B0 on scikit-learn's handwritten digits.
 
   python -m launch.train
 
-Needs no network: the data ship with scikit-learn. Expected on a 2-core CPU:
+Needs no network: the data ship with scikit-learn. What the config leaves
+open (the image size, the augmentation), the data decide: the 8 px digits
+train at 32 px with random shifts, a folder of photographs at its own
+size with mirrored crops. Expected on a 2-core CPU:
 see BUILD_NOTES.md for the measured time and eval_accuracy. Any field can be
 overridden on the command line, e.g. --config.epochs=5.
 """
@@ -40,11 +43,14 @@ def _data(config):
   config.eval_csv = ''
   config.num_classes = 0  # tfrecord, image_folder, csv
   config.eval_fraction = 0.1  # image_folder, csv
-  # Pixels a side. 0: the network's own, as its published recipe trains
-  # it (B0 224, B4 380, V2-S 300: pipeline/recipe/models/); the digits
-  # are 8 px, so 32 here. eval_image_size 0: the training size where
-  # image_size is given, else the network's own evaluation size (V2-S 384).
-  config.image_size = 32
+  # Pixels a side. 0: the data decide: the network's own, as its
+  # published recipe trains it (B0 224, B4 380, V2-S 300:
+  # pipeline/recipe/models/), capped by the median shorter side of a
+  # sample of the training images rounded up to a multiple of 16, never
+  # below 32 (the 8 px digits: 32; 120 px photographs: 128).
+  # eval_image_size 0: the training size where image_size is given or the
+  # data cap it, else the network's own evaluation size (V2-S 384).
+  config.image_size = 0
   config.eval_image_size = 0
   # 'memory': decoded images where they fit in half the free RAM, else the
   # encoded records (decoded and cropped each epoch); a local file prefix:
@@ -52,9 +58,10 @@ def _data(config):
   # decodes (a JPEG's crop window alone is decoded).
   config.cache = 'memory'
   config.shuffle_buffer = 10_000
-  # A transform of pipeline/data/augmentations/ (docs/configs-and-data.md). Not
-  # a flip here: a mirrored 2 is no 2.
-  config.augment = 'translate'
+  # A transform of pipeline/data/augmentations/ (docs/configs-and-data.md);
+  # '': the source's own: inception (a random resized crop and a flip) for
+  # photographs, translate for digits and letters (a mirrored 2 is no 2).
+  config.augment = ''
   # inception_randaugment's: operations an image, and their strength on the
   # paper's 0-30 scale (15: Keras' factor 0.5).
   config.randaugment_layers = 2

@@ -237,9 +237,9 @@ def load_config():
   return config
 
 
-def request(config, workdir_default=True):
+def request(config, workdir_default=True, dry_run=False):
   """The request_lib.Request the flags ask for; no workdir if not `workdir_default`
-  and --workdir is not given."""
+  and --workdir is not given; `dry_run`: resolve, write nothing."""
   # tf.distribute logs every all-reduce it plans at INFO: noise, not progress.
   tf.get_logger().setLevel('WARNING')
   workdir = WORKDIR.value
@@ -257,7 +257,7 @@ def request(config, workdir_default=True):
       collective=COLLECTIVE.value,
       collective_timeout_s=COLLECTIVE_TIMEOUT_S.value,
       allow_cpu=ALLOW_CPU.value, workdir_lease_s=WORKDIR_LEASE_S.value,
-      input_pipeline=config.input_pipeline)
+      input_pipeline=config.input_pipeline, dry_run=dry_run)
 
 
 def config_args():

@@ -18,6 +18,8 @@ registry and big_vision's registry find a model or an optimizer by name.
 
 import collections.abc
 import dataclasses
+import difflib
+import re
 
 from pipeline.errors import UserError
 
@@ -76,9 +78,13 @@ class Table:
   config key that names one; `fallback`: the part for any other name
   (tensorflow-datasets' sets), or None."""
 
-  def __init__(self, kind, key, accepted=''):
+  def __init__(self, kind, key, accepted='', left_open=None):
     self.kind, self.key = kind, key
     self.accepted = accepted  # Words for names no table lists, if any.
+    # (value, words): the config's value that leaves the choice to the
+    # run (the plan resolves it), and what the run then takes; None: a
+    # part must be named.
+    self.left_open = left_open
     self.fallback = None
     self._parts = {}
 
@@ -109,9 +115,24 @@ class Table:
   def __getitem__(self, name):
     part = self._parts.get(name, self.fallback)
     if part is None:
-      raise UserError(f'unknown {self.key} {name!r}; accepted: '
-                      f'{self.listed()}')
+      near = self.nearest(name)
+      raise UserError(f'unknown {self.key} {name!r}'
+                      + (f' (did you mean {near!r}?)' if near else '')
+                      + f'; accepted: {self.listed()}')
     return part
+
+  def nearest(self, name):
+    """The registered name `name` most likely meant ('efficientnet-b0',
+    'EfficientNetB0': efficientnet_b0), or None."""
+    squeezed = lambda text: re.sub(r'[^a-z0-9]', '', str(text).lower())
+    by_letters = {squeezed(known): known for known in self._parts}
+    if squeezed(name) in by_letters:
+      return by_letters[squeezed(name)]
+    digits = lambda text: re.sub(r'\D', '', str(text))
+    # A near spelling, not another size of the same name (b9 is no b7).
+    close = [known for known in difflib.get_close_matches(
+        str(name), list(self._parts), n=3) if digits(known) == digits(name)]
+    return close[0] if close else None
 
   def of(self, config):
     """The part `config` (a ConfigDict, or any object of its fields) names."""
@@ -126,8 +147,10 @@ class Table:
 
   def listed(self):
     """The accepted names, as an error lists them."""
-    return ', '.join(self.names()) + (f', {self.accepted}' if self.accepted
-                                      else '')
+    return (', '.join(self.names())
+            + (f', {self.accepted}' if self.accepted else '')
+            + (f', or {self.left_open[0]!r} ({self.left_open[1]})'
+               if self.left_open else ''))
 
   def keys(self):
     """{config key: Key} of every part's own keys."""
@@ -139,6 +162,8 @@ class Table:
     return keys
 
   def check(self, config):
-    """A one-line UserError if `config` names no part of this table, or
-    its part's keys cannot run."""
+    """A one-line UserError if `config` names no part of this table (nor
+    leaves it open), or its part's keys cannot run."""
+    if self.left_open and getattr(config, self.key) == self.left_open[0]:
+      return
     self.of(config).check(self.settings(config))

@@ -94,6 +94,7 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
                                                     trains, refused,
                                                     tmp_path):
   from configs import default  # pylint: disable=g-import-not-at-top
+  from pipeline.run import left_open  # pylint: disable=g-import-not-at-top
   from pipeline.run import run_workdir  # pylint: disable=g-import-not-at-top
   from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
   config = default.get_config()
@@ -103,7 +104,8 @@ def test_a_run_resumes_on_the_backend_it_trained_on(trained_on, backend_now,
       'resolved': resolved})
   workdir = workdirs.Workdir(str(tmp_path), str(tmp_path / 'staging'))
   check = lambda: run_workdir.check_same_run(
-      workdir, run_workdir.recipe(config, 'float32'),
+      workdir, run_workdir.recipe(config, 'float32', left_open.Resolved(
+          32, 32, 'translate', 0)),
       backends.load(backend_now) if trains else None)
   if not refused:
     assert check()['resolved'] == resolved

@@ -47,7 +47,7 @@ def _config(**overrides):
   config = default.get_config()
   config.update(input_pipeline='dali', dataset='tfrecord',
                 train_files='/data/train-*', eval_files='/data/eval-*',
-                image_size=224, eval_image_size=224)
+                image_size=224, eval_image_size=224, augment='inception')
   config.update(overrides)
   return config
 

@@ -26,6 +26,7 @@ from tests.conftest import tiny_args
 
 def _tfrecord_config(root, **overrides):
   config = default.get_config()
+  config.update(image_size=32, augment='translate')
   config.update(dict(dataset='tfrecord', train_files=str(root / 'train-*'),
                      eval_files=str(root / 'train-*'), num_classes=4,
                      image_size=32, augment='inception'), **overrides)

@@ -7,10 +7,12 @@ another size than it trains at).
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import jax_args, make_tree, run_train, tiny_args
+from conftest import REPO, jax_args, make_tree, run_train, tiny_args
 from configs import imagenet
 from pipeline.recipe import models
 
@@ -51,21 +53,91 @@ def test_the_imagenet_config_leaves_the_size_to_the_network():
   assert (sizes.train, sizes.eval) == (224, 224)
 
 
-def test_the_dry_run_says_b4s_380_px_and_v2s_384(tfds_dir, tmp_path):
-  """The issue's command on the bundled digits (ImageNet is not here)."""
-  for model, line in (('efficientnet_b4', '380 px training, 380 px '
-                       f"evaluation (efficientnet_b4's own: {TPU})"),
-                      ('efficientnetv2_s', '300 px training, 384 px '
-                       f"evaluation (efficientnetv2_s's own: {AUTOML})")):
-    result = run_train('--config=configs/imagenet.py',
-                       f'--config.model={model}',
-                       '--config.dataset=sklearn_digits',
-                       f'--config.data_dir={tfds_dir}',
-                       '--config.global_batch_size=64',
-                       f'--workdir={tmp_path / model}', '--dry_run',
-                       timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f'; {line}; ' in result.stderr, result.stderr[-2000:]
+# Counts Python's own network calls in a child (tensorflow-datasets' and
+# google-cloud-storage's go through it); TensorFlow's C++ file systems find
+# no network at all under `unshare --net`.
+_NETWORK_AUDIT = """
+import socket, sys
+def _audit(event, args):
+  if event in ('socket.connect', 'socket.getaddrinfo'):
+    with open(%r, 'a') as f:
+      f.write(event + ' ' + repr(args)[:200] + '\\n')
+sys.addaudithook(_audit)
+"""
+
+
+def _tree(root):
+  """Every folder and file under `root`, with each file's size."""
+  return sorted((os.path.relpath(os.path.join(folder, name), root),
+                 os.path.getsize(os.path.join(folder, name)))
+                for folder, folders, files in os.walk(root)
+                for name in folders + files)
+
+
+def _dry_run_offline(tmp_path, *args):
+  """launch.train --dry_run ARGS with no network (its own network
+  namespace, Python's connections counted), from an empty folder with an
+  empty tensorflow-datasets folder: (result, network calls, whether any
+  file or folder appeared)."""
+  audit = tmp_path / 'audit'
+  audit.mkdir(exist_ok=True)
+  calls = tmp_path / 'network-calls.txt'
+  (audit / 'sitecustomize.py').write_text(_NETWORK_AUDIT % str(calls))
+  work, data = tmp_path / 'cwd', tmp_path / 'tfds'
+  work.mkdir(exist_ok=True)
+  data.mkdir(exist_ok=True)
+  before = _tree(tmp_path)
+  env = dict(os.environ, PYTHONPATH=f'{audit}:{REPO}', HOME=str(tmp_path))
+  result = subprocess.run(
+      ['unshare', '--net', sys.executable, '-m', 'launch.train', '--dry_run',
+       *args, f'--config.data_dir={data}'], cwd=work, env=env,
+      capture_output=True, text=True, timeout=300, check=False)
+  made = sorted(set(_tree(tmp_path)) - set(before) -
+                {(os.path.relpath(calls, tmp_path), os.path.getsize(calls))
+                 if calls.exists() else None})
+  return result, calls.read_text() if calls.exists() else '', made
+
+
+@pytest.mark.parametrize('model, says', [
+    ('efficientnet_b0', '224 px training, 224 px evaluation '
+     f"(efficientnet_b0's own: {TPU})"),
+    ('efficientnet_b4', '380 px training, 380 px evaluation '
+     f"(efficientnet_b4's own: {TPU})"),
+    ('efficientnetv2_s', '300 px training, 384 px evaluation '
+     f"(efficientnetv2_s's own: {AUTOML})"),
+])
+def test_the_imagenet_config_plans_without_imagenet_or_the_network(
+    tmp_path, model, says):
+  """ImageNet is not here and cannot be fetched: the dry run plans from
+  tensorflow-datasets' registered builder, downloads nothing, and creates
+  no file or folder (no workdir, no data folder)."""
+  (tmp_path / '.keras').mkdir()  # Keras' own settings file, on import.
+  (tmp_path / '.keras' / 'keras.json').write_text('{}')
+  result, calls, made = _dry_run_offline(
+      tmp_path, f'--config={REPO}/configs/imagenet.py',
+      f'--config.model={model}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'dry run: everything checks out' in result.stdout
+  assert (f'Data: imagenet2012, 1000 classes, its sizes known once '
+          f'tensorflow-datasets has prepared it (the run prepares it first); '
+          f'{says}; 350 epochs;') in result.stderr, result.stderr[-3000:]
+  if model == 'efficientnetv2_s':  # The network's four stages, up to 300.
+    for size in (128, 192, 240, 300):
+      assert f', {size} px, mixup 0, dropout' in result.stderr
+  assert calls == '' and made == [], (calls, made)
+
+
+def test_a_dry_run_of_a_downloadable_set_makes_no_network_call(tmp_path):
+  (tmp_path / '.keras').mkdir()
+  (tmp_path / '.keras' / 'keras.json').write_text('{}')
+  result, calls, made = _dry_run_offline(tmp_path, '--config.dataset=cifar10')
+  assert result.returncode == 0, result.stderr[-3000:]
+  # Its registered image shape decides the size: 32x32 images train at 32.
+  assert ('Data: cifar10, 10 classes, its sizes known once tensorflow-datasets '
+          'has prepared it') in result.stderr
+  assert "32 px training (the data: 32x32 images (cifar10's metadata)" in (
+      result.stderr)
+  assert calls == '' and made == [], (calls, made)
 
 
 def test_the_tables_are_the_published_recipes(monkeypatch):

@@ -398,7 +398,7 @@ def _check_repeats(figures, tmp_path, result, monkeypatch):
   config = default.get_config()
   config.update(dict(model='efficientnet_tiny', image_size=32,
                      global_batch_size=16))
-  key = saved_rate.step_key(config, 1, 'mixed_bfloat16')
+  key = saved_rate.step_key(config, config.image_size, 1, 'mixed_bfloat16')
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
   with open(saved_rate.path('CPU', JaxBackend().software(), key),
             encoding='utf-8') as f:

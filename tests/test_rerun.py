@@ -22,6 +22,7 @@ from pipeline.errors import UserError
 from pipeline.recipe import models
 from pipeline.rules.config import request as request_lib
 from pipeline.rules.machine import hardware as devices
+from pipeline.run import left_open
 from pipeline.run import plan as plan_lib
 from pipeline.run import run_workdir
 from pipeline.storage import workdirs
@@ -59,15 +60,22 @@ def fixture_first_run(tmp_path, tfds_dir):
 
 
 def _opened(config, workdir, policy='float32', **request):
-  """open_workdir as plan.resolve calls it: the sizes resolved first."""
-  sizes = models.image_sizes(config.model, config.image_size,
-                             config.eval_image_size)
-  config.image_size, config.eval_image_size = sizes.train, sizes.eval
+  """open_workdir as plan.resolve calls it: what the config leaves open
+  resolved first."""
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
   return run_workdir.open_workdir(
       config, request_lib.Request(workdir=workdir, **request), hardware,
-      backends.load('tensorflow'), policy)
+      backends.load('tensorflow'), policy, _resolved(config))
+
+
+def _resolved(config):
+  """What the plan resolves of `config` for the digits: 32 px, shifts."""
+  sizes = models.image_sizes(config.model, config.image_size or 32,
+                             config.eval_image_size)
+  return left_open.Resolved(sizes.train, sizes.eval,
+                              config.augment or 'translate',
+                              max(config.progressive_stages, 0))
 
 
 def test_the_same_command_resumes_and_cadence_changes_pass(first_run,
@@ -152,7 +160,8 @@ def test_the_default_workdir_gives_a_changed_recipe_its_own(first_run,
   before = tree_digest(workdir)
   changed = _config(tfds_dir, base_learning_rate=0.05)
   opened = _opened(changed, workdir, default_workdir=True)
-  digest = run_workdir.recipe_digest(run_workdir.recipe(changed, 'float32'))
+  digest = run_workdir.recipe_digest(run_workdir.recipe(
+      changed, 'float32', _resolved(changed)))
   own = f'{workdir}-r{digest}'
   assert opened.workdir.url == own and not opened.resumed
   _ran(_resolve(changed, workdir, default_workdir=True))
@@ -189,6 +198,8 @@ def test_a_run_json_from_before_a_key_existed_compares_with_its_default(
   config = _config(tfds_dir)
   saved = {key: value for key, value in config.to_dict().items()
            if key != 'label_smoothing'}
+  # As runs wrote it then: the sizes and augmentation in the config.
+  saved.update(image_size=32, augment='translate')
   workdirs.write_json(os.path.join(workdir, 'run.json'),
                       {'config': saved, 'resolved': {'policy': 'float32'}})
   assert _opened(config, workdir).resumed

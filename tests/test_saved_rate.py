@@ -15,7 +15,7 @@ def _tiny_step(devices=1, policy='float32'):
   config = ml_collections.ConfigDict(dict(
       model='efficientnet_tiny', image_size=32, global_batch_size=32,
       batch_norm='one_pass', squeeze_excite='matmul', depthwise='conv'))
-  return saved_rate.step_key(config, devices, policy)
+  return saved_rate.step_key(config, config.image_size, devices, policy)
 
 
 def _software():

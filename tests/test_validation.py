@@ -59,13 +59,16 @@ def test_no_default_outside_configs_default():
     (dict(examples_per_epoch=-64), 'examples_per_epoch=-64 must be 0'),
     (dict(model='efficientnet_b9'), "unknown model 'efficientnet_b9'; "
      'accepted: efficientnet_b0'),
+    # The spellings users bring, from timm and keras.applications.
+    (dict(model='efficientnet-b0'), re.escape(
+        "unknown model 'efficientnet-b0' (did you mean 'efficientnet_b0'?)")),
+    (dict(model='EfficientNetB0'), re.escape(
+        "unknown model 'EfficientNetB0' (did you mean 'efficientnet_b0'?)")),
+    (dict(global_batch_size=0), 'global_batch_size=0 must be 1 or more'),
     (dict(image_size=16), 'image_size=16 is too small'),
-    (dict(cache='cachefile'), re.escape(
-        "cache='cachefile' is neither 'memory', '' or none (off), nor a "
-        'path: a file cache is a path prefix, e.g. ./cachefile or '
-        '/tmp/cache/cachefile')),
-    (dict(optimizer='adam'), "unknown optimizer 'adam'; accepted: adamw, sgd, "
-     'rmsprop'),
+    (dict(optimizer='adam'), re.escape(
+        "unknown optimizer 'adam' (did you mean 'adamw'?); accepted: adamw, "
+        'sgd, rmsprop')),
     (dict(lr_schedule='step'), "unknown lr_schedule 'step'; accepted: "
      'cosine, exponential, linear'),
     (dict(ema_decay=1.0), r'ema_decay=1.0 must be in \[0, 1\)'),
@@ -92,18 +95,28 @@ def test_a_bad_value_is_one_line_naming_it(fields, message):
     _checked(**fields)
 
 
+def test_a_cache_that_is_no_path_is_one_line_as_the_input_reads_it():
+  config = default.get_config()
+  config.update(cache='cachefile', image_size=32, augment='translate')
+  with pytest.raises(UserError, match=re.escape(
+      "cache='cachefile' is neither 'memory', '' or none (off), nor a "
+      'path: a file cache is a path prefix, e.g. ./cachefile or '
+      '/tmp/cache/cachefile')):
+    InputSpec.of(config)
+
+
 @pytest.mark.parametrize('typed', ['none', 'off', 'None', 'OFF'])
 def test_the_words_for_no_cache_turn_it_off(typed, tmp_path, monkeypatch):
   """--config.cache=none once wrote a file cache named none-train-0.* into
   the current folder, where --config.augment=none means off."""
   monkeypatch.chdir(tmp_path)
   config = default.get_config()
-  config.cache = typed
+  config.update(cache=typed, image_size=32, augment='translate')
   validation.validate(config, 2, recipe.tables(), DATA_TABLES)
-  assert config.cache == ''
+  spec = InputSpec.of(config)
+  assert spec.cache == '' and config.cache == typed  # Read, not rewritten.
   from pipeline.data import cache  # pylint: disable=g-import-not-at-top
-  assert cache.choose(InputSpec.of(config), None) == (cache.Kind.NONE,
-                                                      "cache=''")
+  assert cache.choose(spec, None) == (cache.Kind.NONE, "cache=''")
   assert os.listdir(tmp_path) == []
 
 

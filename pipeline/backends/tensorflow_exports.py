@@ -122,17 +122,9 @@ def _converted_and_checked(saved_model, path, check_images):
 
 def _rebuilt(weights, spec):
   """The network `spec` names (its 'model', 'class_names', preprocessing's
-  'image_size', 'policy'), built with `weights`; the global policy as it
-  was after."""
-  policy = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy(spec['policy'])
-  try:
-    model = models.build_model(spec['model'], len(spec['class_names']),
-                               spec['preprocessing']['image_size'])
-  finally:
-    keras.mixed_precision.set_global_policy(policy)
-  model.set_weights(weights)
-  return model
+  'image_size', 'policy'), built with `weights`."""
+  return models.rebuilt(spec['model'], len(spec['class_names']), weights,
+                        spec['preprocessing']['image_size'], spec['policy'])
 
 
 def on_tensorflow(task, weights, metadata, path, *args):

@@ -9,6 +9,25 @@ Imports no TensorFlow.
 import dataclasses
 
 from pipeline.data import augmentations
+from pipeline.errors import UserError
+
+# What users type for "no cache", as --config.augment=none means off.
+CACHE_OFF = ('none', 'off', 'no', 'false')
+
+
+def cache_setting(value):
+  """config.cache as the input reads it: 'memory', '' (off) or a file
+  prefix that is plainly a path; the words for off become ''. A bare word
+  would have been a file cache named after it, written into the current
+  folder ('none-train-0.*'): a one-line UserError."""
+  if value.lower() in CACHE_OFF:
+    return ''
+  if value not in ('', 'memory') and not (
+      '/' in value or value.startswith(('~', '.'))):
+    raise UserError(f"cache={value!r} is neither 'memory', '' or none (off), "
+                    'nor a path: a file cache is a path prefix, e.g. '
+                    f'./{value} or /tmp/cache/{value}')
+  return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,17 +56,27 @@ class InputSpec:
   staged: bool
 
   @classmethod
-  def of(cls, config):
-    return cls(config.image_size,
-               config.eval_image_size or config.image_size,
-               augmentations.AUGMENTATIONS.of(config),
+  def of(cls, config, image_size=None, eval_image_size=None, augment=None,
+         staged=None):
+    """The spec of `config` with the run's resolved values (the plan's:
+    its sizes, its augmentation's name, whether it trains in stages);
+    each left None is the config's own, which must then be given (a
+    tool's or a test's config that names its sizes)."""
+    image_size = image_size or config.image_size
+    augment = augment or config.augment
+    if not image_size or not augment:
+      raise ValueError('image_size and augment must be resolved (the plan '
+                       'resolves what a config leaves open)')
+    return cls(image_size,
+               eval_image_size or config.eval_image_size or image_size,
+               augmentations.AUGMENTATIONS[augment],
                augmentations.RandAugment(config.randaugment_layers,
                                          config.randaugment_magnitude),
                config.mixup_alpha, config.cutmix_alpha,
                config.shuffle_buffer, config.deterministic_input,
-               config.seed, config.cache, config.data_service,
+               config.seed, cache_setting(config.cache), config.data_service,
                bool(config.mixup_alpha or config.cutmix_alpha),
-               bool(config.progressive_stages))
+               bool(config.progressive_stages) if staged is None else staged)
 
   def at_stage(self, image_size, randaugment_magnitude, mixup_alpha):
     """This spec at one stage of progressive learning: its size, its
@@ -80,8 +109,9 @@ class InputSpec:
     """The shorter side of what a decoded cache holds for training."""
     return int(round(self.image_size / self.central_fraction))
 
-  def describe(self):
-    """The plan's words for it: the transform, the blends, the service."""
+  def describe(self, why=''):
+    """The plan's words for it: the transform (and `why` it is that one),
+    the blends, the service."""
     mixes = [f'{name} {alpha:g}' for name, alpha in
              (('mixup', self.mixup_alpha), ('cutmix', self.cutmix_alpha))
              if alpha]
@@ -90,6 +120,7 @@ class InputSpec:
             + (f' ({randaugment.layers} operations of magnitude '
                f'{randaugment.magnitude:g})' if self.augmentation.randaugment
                else '')
+            + (f' ({why})' if why else '')
             + (f'; {" or ".join(mixes)} per batch (training accuracy is '
                'against the dominant label)' if mixes else '')
             + (f'; training input from tf.data service {self.data_service} '

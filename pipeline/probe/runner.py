@@ -108,7 +108,8 @@ class Setup:
     keras.utils.set_random_seed(config.seed)
     self.config, self.num_classes, self.strategy = config, num_classes, strategy
     self.policy = policy
-    self.model = models.model_of_config(config, num_classes)
+    self.model = models.model_of_config(config, num_classes,
+                                        config.image_size)
     self.optimizer = probe_stages.make_optimizer(config, policy)
     self.optimizer.build(self.model.trainable_variables)
     self.ema = (ema_lib.MovingAverage(self.model, config.ema_decay)
@@ -314,7 +315,7 @@ def save_rate(results, config):
   processes = len(spread.get('processes', {})) or 1
   card = (machine_['device_kind'] if machine_['platform'] == 'gpu'
           else machine_['platform'].upper())
-  key = saved_rate.step_key(config, machine_['devices'],
+  key = saved_rate.step_key(config, config.image_size, machine_['devices'],
                             stages['a_device_rate']['policy'])
   target = saved_rate.save(
       card, JaxBackend().software(), key, rate,

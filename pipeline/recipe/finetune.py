@@ -76,8 +76,11 @@ class FineTuning:
   freeze_backbone_epochs: float
 
   @classmethod
-  def of(cls, config):
-    return cls(config.model, config.image_size, config.init_from,
+  def of(cls, config, image_size=None):
+    """`image_size`: the run's resolved training size (None: the
+    config's, which must then be given)."""
+    return cls(config.model, image_size or config.image_size,
+               config.init_from,
                Start.of(config.init_from), config.init_head,
                config.freeze_backbone_epochs)
 

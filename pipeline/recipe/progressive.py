@@ -42,11 +42,15 @@ class Stage:
   mixup_alpha: float
   dropout_rate: float
 
-  def describe(self, count):
-    return (f'stage {self.index + 1}/{count}: steps {self.first_step}-'
-            f'{self.end_step}, {self.image_size} px, RandAugment magnitude '
-            f'{self.randaugment_magnitude:g}, mixup {self.mixup_alpha:g}, '
-            f'dropout {self.dropout_rate:g}')
+  def describe(self, count, randaugment):
+    """The plan's line; `randaugment`: the run's augmentation has
+    RandAugment (its magnitude is named only then)."""
+    span = (f'steps {self.first_step}-{self.end_step}' if self.end_step
+            else 'steps known once the data are')  # An unprepared set's.
+    return (f'stage {self.index + 1}/{count}: {span}, {self.image_size} px, '
+            + (f'RandAugment magnitude {self.randaugment_magnitude:g}, '
+               if randaugment else '')
+            + f'mixup {self.mixup_alpha:g}, dropout {self.dropout_rate:g}')
 
   def to_json(self):
     return dataclasses.asdict(self)
@@ -63,25 +67,31 @@ class Progression:
   last: dict
 
   @classmethod
-  def of(cls, config):
-    """The config's (its sizes resolved, resolve_count run): the first
-    stage's values each key's, or (left at FAMILY; the size at 0 too) the
-    network's own (ModelFamily.progressive_first)."""
-    from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
-    last = {'image_size': config.image_size,
+  def of(cls, config, count, image_size, recipe_first=None, own_size=0):
+    """The config's, at `count` stages (resolved: stage_count) ending at
+    the run's resolved `image_size`: the first stage's values each key's,
+    or (left at FAMILY; the size at 0 too) the network's recipe's
+    (`recipe_first`: ModelFamily.progressive_first, for its own size
+    `own_size`), its size scaled as the run's is from the network's own
+    (V2-S's 128 of 300 px is 32 of a 64 px run); else half the size."""
+    last = {'image_size': image_size,
             'randaugment_magnitude': config.randaugment_magnitude,
             'mixup_alpha': config.mixup_alpha,
             'dropout_rate': config.dropout_rate}
-    own = models.MODELS[config.model].progressive_first(config.model) or {
-        'image_size': max(SMALLEST, _on_step(config.image_size // 2)),
-        'randaugment_magnitude': config.randaugment_magnitude / 3,
-        'mixup_alpha': 0.0, 'dropout_rate': config.dropout_rate / 2}
+    own = dict(recipe_first) if recipe_first else None
+    if own:
+      own['image_size'] = max(SMALLEST, _on_step(
+          own['image_size'] * image_size / own_size))
+    else:
+      own = {'image_size': max(SMALLEST, _on_step(image_size // 2)),
+             'randaugment_magnitude': config.randaugment_magnitude / 3,
+             'mixup_alpha': 0.0, 'dropout_rate': config.dropout_rate / 2}
     given = {'image_size': config.progressive_first_image_size or FAMILY,
              'randaugment_magnitude':
                  config.progressive_first_randaugment_magnitude,
              'mixup_alpha': config.progressive_first_mixup_alpha,
              'dropout_rate': config.progressive_first_dropout_rate}
-    return cls(config.progressive_stages, config.epochs,
+    return cls(count, config.epochs,
                {name: own[name] if value == FAMILY else value
                 for name, value in given.items()}, last)
 
@@ -90,13 +100,11 @@ def _on_step(size):
   return int(round(size / SIZE_STEP)) * SIZE_STEP
 
 
-def resolve_count(config):
-  """progressive_stages -1 takes the network's recipe's count (4 for
-  EfficientNetV2, 0 for the others), written into the config."""
-  if config.progressive_stages == FAMILY:
-    from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
-    config.progressive_stages = models.MODELS[config.model].progressive_stages(
-        config.model)
+def stage_count(requested, recipe_count):
+  """The run's stage count: progressive_stages `requested`, where -1
+  takes the network's recipe's `recipe_count` (4 for EfficientNetV2, 0
+  for the others)."""
+  return recipe_count if requested == FAMILY else requested
 
 
 def check(progression):

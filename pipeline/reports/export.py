@@ -7,6 +7,7 @@ from absl import logging
 import tensorflow as tf
 
 from pipeline import backends
+from pipeline.recipe import models
 from pipeline.data import decode
 from pipeline.storage import workdirs
 
@@ -14,6 +15,7 @@ from pipeline.storage import workdirs
 METADATA = 'metadata.json'
 TFLITE = 'model.tflite'
 ONNX = 'model.onnx'
+KERAS = 'model.keras'
 # The largest difference in probability the ONNX model may have from the
 # SavedModel on the check batch: float32 against float32 differs by
 # ~1e-7 (measured, BUILD_NOTES.md); a wrong conversion by far more.
@@ -38,7 +40,8 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.
 
   `metadata` (class names, image size, preprocessing) goes beside it as
-  metadata.json, so launch.predict needs nothing but the export; with
+  metadata.json, so launch.predict needs nothing but the export, and the
+  network as model.keras (write_keras); with
   `tflite` ('float32' or 'float16') a LiteRT model.tflite too, with
   `onnx` a model.onnx (write_onnx), each written by the `backend`
   (TensorFlow's where None). Every
@@ -56,6 +59,7 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   if not is_chief:
     tf.io.gfile.rmtree(staging)
     return None
+  write_keras(model, metadata, os.path.join(staging, KERAS))
   if tflite:
     backend.write_tflite(model.get_weights(), metadata,
                          os.path.join(staging, TFLITE), tflite)
@@ -67,6 +71,17 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   workdirs.replace_dir(staging, target)
   workdir.publish(name)
   return f'{workdir.url}/{name}'
+
+
+def write_keras(model, metadata, path):
+  """model.keras: the trained network in Keras' own format, for a Keras
+  user to `keras.models.load_model` and fit on: a float32 rebuild with
+  keras.applications' layers (readable without this project) that takes
+  uint8 or float images of any size and gives logits, as the model trained
+  (compile it with a loss from_logits=True). Keras' format is the same
+  from either backend."""
+  models.rebuilt(metadata['model'], len(metadata['class_names']),
+                 model.get_weights()).save(path)
 
 
 def write_onnx(backend, model, metadata, staging):
@@ -110,5 +125,6 @@ def metadata(plan):
       # Served at the evaluation size (preprocessing's image_size).
       'train_image_size': plan.image_sizes.train,
       'output': 'float32 class probabilities [batch, num_classes]',
+      'keras': f'{KERAS}: the network (logits out) for keras.models.load_model',
       'preprocessing': decode.eval_preprocessing(plan.input),
   }

@@ -32,13 +32,14 @@ from pipeline.rules.speed import saved_policy
 from pipeline.rules.speed import saved_rate
 from pipeline.rules.speed import step_counts
 from pipeline.rules.config import validation
+from pipeline.run import left_open
+from pipeline.run import plan_lines
 from pipeline.run import run_workdir
 from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
 from pipeline.recipe import layers
-from pipeline.recipe import models
 from pipeline.recipe import objective as objective_lib
 from pipeline.recipe import progressive
 
@@ -82,14 +83,19 @@ class Plan:
   # The changes from the workdir's run this one accepted (--accept_changes;
   # run_workdir.Change.to_json's), with the earlier runs' first: run.json's.
   accepted_changes: tuple
-  # What it trains and evaluates at, and why (models.image_sizes).
-  image_sizes: models.ImageSizes
+  # What the keys a config may leave open came to, and why: the sizes
+  # it trains and evaluates at, its augmentation, its stages' count.
+  chosen: left_open.Choices
   # Its stages of progressive learning: one, the whole run, where it is off.
   stages: tuple
 
   @property
   def policy(self):
     return self.precision.policy
+
+  @property
+  def image_sizes(self):
+    return self.chosen.sizes
 
   @property
   def global_batch_size(self):
@@ -114,7 +120,7 @@ class Plan:
     """One line for an accelerator (or host) that ran out of memory."""
     config, hardware = self.config, self.hardware
     return (f'out of memory on {hardware.device_kind} ({hardware.detail}): '
-            f'{config.model} at image_size={config.image_size}, '
+            f'{config.model} at image_size={self.image_sizes.train}, '
             f'{self.source.num_classes} classes, with '
             f'{self.per_replica_batch_size} images per replica '
             f'(global_batch_size={self.global_batch_size}) under '
@@ -147,6 +153,8 @@ class Plan:
         'image_size': self.image_sizes.train,
         'eval_image_size': self.image_sizes.eval,
         'image_sizes': self.image_sizes.describe(),
+        'augment': self.input.augmentation.name,
+        'augment_reason': self.chosen.augment_reason,
         'progressive_stages': ([stage.to_json() for stage in self.stages]
                                if len(self.stages) > 1 else []),
         'dataset': self.source.name, 'num_classes': self.source.num_classes,
@@ -170,66 +178,8 @@ class Plan:
             'accepted_changes': list(self.accepted_changes)}
 
   def describe(self):
-    """The plan as the lines a run prints first."""
-    config, hw, p = self.config, self.hardware, self.precision
-    return [
-        f'Backend: {self.backend.name} ({self.backend_reason})',
-        f'Run: {hw.device_kind} ({hw.detail}) with {hw.strategy_name}, '
-        f'{hw.num_replicas} replica(s) over {hw.num_workers} worker(s)'
-        + (f'; {hw.num_workers} processes joined by {hw.cluster}, this is '
-           f'process {hw.task_index}' if hw.cluster else '')
-        + (f'; {hw.gpu_share}' if hw.gpu_share else ''),
-        f'Software: {hardware_lib.software()}',
-        f'Precision: {p.policy} ({p.reason}'
-        f'{"; " + p.graph_rewrite if p.graph_rewrite else ""}); loss scaling '
-        f'{"on" if p.loss_scaling else "off"}',
-        f'XLA: {"on" if self.xla else "off"} ({self.xla_reason})'
-        + (f'; {self.compile_cache.describe()}'
-           if self.xla and self.compile_cache else '')
-        + (f'; the step is held to {self.saved_rate[0]:,.0f} img/s, '
-           f'measured by {self.saved_rate[1]}' if self.saved_rate else ''),
-        f'Batch: {self.global_batch_size} global, '
-        f'{self.per_replica_batch_size} per replica; '
-        f'{self.steps_per_execution} steps per execution '
-        f'({self.steps_per_execution_reason})',
-        f'Workdir: {self.workdir.url if self.workdir else "none"}',
-        f'Data: {self.source.name}, {self.source.num_classes} classes, '
-        f'{self.source.num_train_examples} train / '
-        f'{self.source.num_eval_examples} eval examples; '
-        f'{self.image_sizes.describe()}; {self.total_steps} '
-        f'steps ({config.epochs} epochs of {self.steps_per_epoch}); peak '
-        f'learning rate {self.peak_learning_rate:.3g} = base '
-        f'{config.base_learning_rate:g} x {self.global_batch_size} global / '
-        '256',
-        *([f'Classes: {_names(self.source.class_names)}']
-          if sources.SOURCES.of(config).names_classes and self.source.class_names
-          else []),
-        f'Input: {self.input_pipeline} ({self.input_pipeline_reason}); '
-        f'cache {self.cache_kind} ({self.cache_reason}); {self.input.describe()}',
-        *([f'Progressive learning: {stage.describe(len(self.stages))}'
-           for stage in self.stages] if len(self.stages) > 1 else []),
-        self._recipe(),
-    ]
-
-  def _recipe(self):
-    """The model and optimisation choices, in one line."""
-    config = self.config
-    accumulation = config.gradient_accumulation_steps
-    ema_decay = config.ema_decay
-    family = models.MODELS[config.model]
-    return (
-        f'Recipe: {config.model}, '
-        f'{family.describe_stochastic_depth(config.drop_connect_rate)}; '
-        f'{config.optimizer}, '
-        f'{config.lr_schedule} schedule'
-        + (f'; {accumulation} micro-batches of '
-           f'{self.global_batch_size // accumulation} per update (steps '
-           'count updates)' if accumulation > 1 else '')
-        + (f'; moving average {ema_decay:g} (evaluated and exported)'
-           if ema_decay else '; no moving average')
-        + f'; {self.initial_weights}'
-        + (f', backbone frozen for the first {self.frozen_steps} steps'
-           if self.frozen_steps else ''))
+    """The plan as the lines a run prints first (plan_lines.py)."""
+    return plan_lines.lines(self)
 
 
 def resolve(config, request, hardware=None):
@@ -254,23 +204,25 @@ def resolve(config, request, hardware=None):
   layers.check_compiles(
       [config[table.key] for table in layers.FORM_TABLES],
       backend.compiles_jax_only)
-  # Sizes left at 0 take the network's own; everything after reads them.
-  sizes = models.image_sizes(config.model, config.image_size,
-                             config.eval_image_size)
-  config.image_size, config.eval_image_size = sizes.train, sizes.eval
-  progressive.resolve_count(config)
-  progression = progressive.Progression.of(config)
-  progressive.check(progression)
+  run_workdir.check_remote_paths(request, hardware, sources.inputs(config),
+                                 input_spec.cache_setting(config.cache))
+  # The data first: what the config leaves open (the image size, the
+  # augmentation), the data decide, and the workdir's recipe holds that.
+  source = sources.load_source(config, prepare=not request.dry_run)
+  chosen = left_open.choose(config, source)
+  sizes = chosen.sizes
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
-      config.image_size**2 * 3)
-  opened = run_workdir.open_workdir(config, request, hardware, backend,
-                                    resolved_precision.policy)
+      sizes.train**2 * 3)
+  spec = input_spec.InputSpec.of(config, sizes.train, sizes.eval,
+                                 chosen.augment,
+                                 staged=bool(chosen.progression.count))
+  opened = run_workdir.open_workdir(
+      config, request, hardware, backend, resolved_precision.policy,
+      chosen.resolved)
   workdir, resumed = opened.workdir, opened.resumed
-  source = sources.load_source(config)
-  sizes.check_source(source.name, source.image_side)
-  tuning, spec = finetune.FineTuning.of(config), input_spec.InputSpec.of(config)
+  tuning = finetune.FineTuning.of(config, sizes.train)
   initial_weights = finetune.describe(tuning)
   if workdir and hardware.is_chief:
     if resumed:
@@ -285,9 +237,10 @@ def resolve(config, request, hardware=None):
       cache_lib.choose(spec, source)
       if input_pipeline is input_pipeline_lib.Pipeline.TF_DATA else
       (cache_lib.Kind.NONE, 'DALI decodes every epoch'))
-  steps_per_epoch = step_counts.epoch_steps(config.examples_per_epoch,
-                                source.num_train_examples,
-                                config.global_batch_size)
+  steps_per_epoch = (step_counts.epoch_steps(config.examples_per_epoch,
+                                             source.num_train_examples,
+                                             config.global_batch_size)
+                     if source.counted else 0)
   plan = Plan(
       config=config, hardware=hardware, precision=resolved_precision, xla=xla,
       xla_reason=xla_reason, steps_per_execution=steps_per_execution,
@@ -306,13 +259,13 @@ def resolve(config, request, hardware=None):
       profile_window=validation.profile_window(config.profile_steps),
       saved_rate=saved_rate.load(
           hardware.gpu_name or hardware.device_kind, backend.software(),
-          saved_rate.step_key(config, hardware.num_replicas,
+          saved_rate.step_key(config, sizes.train, hardware.num_replicas,
                               resolved_precision.policy)),
       objective=objective_lib.Objective(
           source.num_classes, config.label_smoothing, config.l2_weight_decay),
       input=spec, fine_tuning=tuning,
-      accepted_changes=opened.accepted_changes, image_sizes=sizes,
-      stages=progressive.stages(progression, steps_per_epoch))
+      accepted_changes=opened.accepted_changes, chosen=chosen,
+      stages=progressive.stages(chosen.progression, steps_per_epoch))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():
@@ -334,9 +287,3 @@ def _measured(request, hardware, backend):
     return None
   return (saved_policy.load(hardware.gpu_name, backend.software()) or
           backends.measured_policy(hardware.gpu_name, backend))
-
-
-def _names(names, shown=20):
-  """The class names as the plan prints them: 'cat, dog' (index order)."""
-  more = f', ... ({len(names) - shown} more)' if len(names) > shown else ''
-  return ', '.join(names[:shown]) + more

@@ -23,9 +23,9 @@ from absl import logging
 
 from pipeline import backends
 from pipeline.data import cache as cache_lib
-from pipeline.data import sources
 from pipeline.errors import UserError
 from pipeline.recipe import models
+from pipeline.run import left_open
 from pipeline.rules.config import validation
 from pipeline.storage import workdirs
 
@@ -79,10 +79,13 @@ class Opened:
   accepted_changes: tuple = ()
 
 
-def recipe(config, policy):
-  """The settings that shape the result, as run.json's JSON holds them."""
+def recipe(config, policy, resolved):
+  """The settings that shape the result, as run.json's JSON holds them,
+  with the plan's `resolved` values (a Resolved) for the keys the config
+  left open."""
   values = {key: value for key, value in config.to_dict().items()
             if key not in DOES_NOT_SHAPE_THE_RESULT}
+  values.update(dataclasses.asdict(resolved))
   values[RECIPE_POLICY] = policy
   return json.loads(json.dumps(values, default=str))
 
@@ -96,39 +99,50 @@ def recipe_digest(ours):
 
 def changes_from(saved, ours, url):
   """The Changes from the run.json `saved` to this run's recipe `ours`
-  (its config resolved: its sizes the network's where they were 0, as
-  theirs are)."""
+  (resolved, as theirs is read: Resolved.of_record)."""
   theirs = validation.complete(saved['config'], source=f'{url}/run.json')
-  # A run.json from before a size key existed holds its default, 0.
+  # A run.json from before a key was resolved: its config's own values
+  # (sizes 0: the network's, as those runs took them).
   sizes = models.image_sizes(theirs.model, theirs.image_size,
                              theirs.eval_image_size)
-  theirs.image_size, theirs.eval_image_size = sizes.train, sizes.eval
-  theirs = recipe(theirs, saved.get('resolved', {}).get(
-      'policy', ours[RECIPE_POLICY]))
+  resolved = saved.get('resolved', {})
+  theirs = recipe(theirs, resolved.get('policy', ours[RECIPE_POLICY]),
+                  left_open.Resolved(
+                      sizes.train, sizes.eval, theirs.augment,
+                      max(theirs.progressive_stages, 0)).recorded(resolved))
   return [Change(key, theirs[key], ours[key]) for key in ours
           if theirs.get(key) != ours[key]]
 
 
-def open_workdir(config, request, hardware, backend, policy):
-  """The run's Opened workdir, checked (TPU Node paths, writability, its
-  run's recipe and backend). Every process chooses the same workdir (a
-  default one that holds another recipe gives way to the recipe's own);
-  the chief alone checks and refuses."""
+def check_remote_paths(request, hardware, inputs, cache):
+  """A TPU Node's workers read and write only gs://: a one-line UserError
+  for a local workdir, input ({config key: path}: sources.inputs) or file
+  cache (`cache`, the setting as the input reads it), before any file is
+  touched."""
+  if hardware.tpu_workers_remote:
+    workdirs.check_remote_tpu_paths(
+        {**({'workdir': request.workdir} if request.workdir else {}),
+         **inputs, **cache_lib.written_paths(cache)})
+
+
+def open_workdir(config, request, hardware, backend, policy, resolved):
+  """The run's Opened workdir, checked (writability, its run's recipe and
+  backend). Every process chooses the same workdir (a default one that
+  holds another recipe gives way to the recipe's own); the chief alone
+  checks and refuses. `resolved`: what the plan chose for the keys the
+  config left open (left_open.Resolved). A dry run creates nothing."""
   if request.workdir is None:
     return Opened()
   _check_accepted_keys(request.accept_changes, tuple(config))
-  ours = recipe(config, policy)
+  ours = recipe(config, policy, resolved)
   url = request.workdir
   if request.trains and request.default_workdir:
     url = _default_workdir_of(url, ours, request)
-  if hardware.tpu_workers_remote:
-    workdirs.check_remote_tpu_paths(
-        {'workdir': url, **sources.inputs(config),
-         **cache_lib.written_paths(config.cache)})
   workdir = _workdir(url, request)
   if not hardware.is_chief:
     return Opened(workdir)
-  workdir.check()  # For gs://: bucket exists and takes a write, or one line.
+  # For gs://: bucket exists and takes a write, or one line.
+  workdir.check(create=not request.dry_run)
   saved = check_same_run(workdir, ours, backend if request.trains else None)
   if not saved:
     return Opened(workdir)
@@ -177,21 +191,37 @@ def _accepted(workdir, saved, changes, accept):
                   f'train this one on under the new values (recorded in '
                   f'run.json) --accept_changes={keys}')
     raise UserError('\nerror: '.join(lines))
+  finished = _finished(workdir, saved)
+  if finished and changes and not any(change.extends() for change in changes):
+    raise UserError(
+        f'workdir {workdir.url!r} holds a finished run: nothing is left to '
+        f'train under {", ".join(f"{c.key}={c.new!r}" for c in changes)}; '
+        'use another --workdir for a new run, or raise --config.epochs '
+        '(with --accept_changes=epochs) to train this one longer')
   when = datetime.datetime.now(datetime.timezone.utc).isoformat(
       timespec='seconds')
-  finished = bool(workdir.read_json('metrics.json'))
   for change in changes:
     print_accepted(workdir.url, change, finished)
   return (*saved.get('accepted_changes', ()),
           *(change.to_json(when) for change in changes))
 
 
+def _finished(workdir, saved):
+  """Whether the workdir's run (its run.json, `saved`) trained to its end:
+  its metrics.json counts the steps its run.json plans."""
+  metrics = workdir.read_json('metrics.json')
+  return bool(metrics) and metrics.get('total_steps') == saved.get(
+      'resolved', {}).get('total_steps')
+
+
 def print_accepted(url, change, finished):
   """The log line of one accepted change."""
   if change.extends():
     logging.info('Accepted: epochs %s -> %s extends the %srun in %s from its '
-                 'last checkpoint', change.old, change.new,
-                 'finished ' if finished else '', url)
+                 'last checkpoint, on the schedule of a %s-epoch run from '
+                 'there (a cosine or linear rate rises again to that run\'s '
+                 'at this step, then decays to 0 at its end)', change.old,
+                 change.new, 'finished ' if finished else '', url, change.new)
   else:
     logging.info('Accepted: %s %r -> %r for the run in %s from its last '
                  'checkpoint on (recorded in run.json)', change.key,

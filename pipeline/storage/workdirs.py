@@ -30,6 +30,18 @@ def check_writable(directory, what='workdir'):
                     f'{first_line(e)}')
 
 
+def check_could_write(directory, what='workdir'):
+  """A one-line UserError unless `directory` could be created and written
+  (it, or the nearest folder above it that exists, takes a write);
+  creates nothing."""
+  existing = os.path.abspath(directory)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not (os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK)):
+    raise UserError(f'{what} {directory!r} cannot be written: {existing} '
+                    'does not take a write')
+
+
 def remote_tpu_local_paths(paths):
   """The paths a TPU Node could not reach, as 'key=value' strings.
 
@@ -106,9 +118,14 @@ class Workdir:
   def path(self, *parts):
     return os.path.join(self.local, *parts)
 
-  def check(self):
-    """Local writability, and for gs:// the bucket preflight."""
-    check_writable(self.local)
+  def check(self, create=True):
+    """Local writability, and for gs:// the bucket preflight; not `create`
+    (a dry run): the local folder, or the nearest that exists above it,
+    must take a write, and nothing is created."""
+    if create:
+      check_writable(self.local)
+    else:
+      check_could_write(self.local)
     if self.remote:
       self.remote.preflight()
 

@@ -80,6 +80,20 @@ def summary_writers(workdir, is_chief, tracking=None):
                        split, tracking) for split in ('train', 'eval'))
 
 
+class RecordRun:
+  """Writes run.json after the first execution: the recipe the workdir's
+  checkpoints were trained under, and the changes it accepted, recorded
+  once a step has trained under them."""
+
+  def __init__(self, workdir, record):
+    self.workdir, self.record = workdir, record
+
+  def __call__(self, execution):
+    if self.record is not None:
+      self.workdir.write_json('run.json', self.record)
+      self.record = None
+
+
 class Profile:
   """A profiler trace of the executions covering steps [start, stop), into
   the TensorBoard folder (plugins/profile/...), by the backend's profiler

@@ -59,8 +59,6 @@ def _train_and_evaluate(plan, extra_actions):
   started = time.perf_counter()
   config = plan.config
   hardware, workdir = plan.hardware, plan.workdir
-  if hardware.is_chief:
-    workdir.write_json('run.json', plan.run_record())
   trainer = plan.backend.build_trainer(plan)
   # Before restoring: the seed's weights, equal across policies and batches.
   initial_weights_sha256 = trainer.weights_sha256()
@@ -96,6 +94,10 @@ def _train_and_evaluate(plan, extra_actions):
     with stopping.armed(resume_hint='rerun the same command to resume from '
                         f'the last checkpoint committed to {workdir.url}'):
       run_loop(trainer, train_data, plan, initial_step, [
+          # run.json once a step has trained under it: a run that stops
+          # before (a bad init_from, a missing file) leaves no recipe.
+          *([actions.RecordRun(workdir, plan.run_record())]
+            if hardware.is_chief else []),
           *extra_actions,
           train_data.after_execution,
           *([profile] if profile else []),

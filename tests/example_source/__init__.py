@@ -16,7 +16,7 @@ class Stripes(DataSource):
   def inputs(self, settings):
     return {}  # Nothing read: the images are made.
 
-  def load(self, settings):
+  def load(self, settings, prepare=True):
     from example_source import stripes  # pylint: disable=g-import-not-at-top
-    del settings
+    del settings, prepare  # Nothing to prepare: the images are made.
     return stripes.load(16)

@@ -249,7 +249,7 @@ def step_cost(plan):
   optimizer.build(model.trainable_variables)  # A loss scale's variables.
   gradients = steps.gradient_function(model, optimizer, plan.global_batch_size,
                                       plan.objective)
-  size = config.image_size
+  size = plan.image_sizes.train
   hlo_text = lambda: tf.function(jit_compile=True)(
       lambda images, labels: gradients(model.trainable_variables, images,
                                        labels)).experimental_get_compiler_ir(

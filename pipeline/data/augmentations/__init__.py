@@ -13,7 +13,10 @@ import dataclasses
 from pipeline import parts
 from pipeline.errors import UserError
 
-AUGMENTATIONS = parts.Table('augmentation', 'augment')
+AUGMENTATIONS = parts.Table(
+    'augmentation', 'augment',
+    left_open=('', "the source's own: inception for photographs, translate "
+               'for digits'))
 
 # RandAugment's magnitude is on the paper's scale (Cubuk et al. 2019), 0 to
 # 30, as DALI's bins and EfficientNetV2's settings (5 to 15) give it; Keras'

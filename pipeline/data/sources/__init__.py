@@ -41,10 +41,11 @@ SOURCES.register(csv_list.CsvList())
 SOURCES.register(tfds_set.TfdsSet(), fallback=True)
 
 
-def load_source(config):
-  """The Source `config.dataset` names."""
+def load_source(config, prepare=True):
+  """The Source `config.dataset` names; not `prepare` (a dry run): a set
+  that must be downloaded or prepared first is described, not prepared."""
   try:
-    return SOURCES.of(config).load(SOURCES.settings(config))
+    return SOURCES.of(config).load(SOURCES.settings(config), prepare)
   except UnknownSet:
     raise UserError(f'unknown dataset {config.dataset!r}; accepted: '
                     f'{SOURCES.listed()}') from None

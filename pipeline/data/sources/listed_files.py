@@ -71,7 +71,13 @@ def _reader(paths):
 
 def read_bytes(path):
   """A file's bytes, by the same rule as _reader."""
+  return read_head(path, None)
+
+
+def read_head(path, size):
+  """A file's first `size` bytes (None: all of them), by the same rule as
+  _reader; a gs:// file's first bytes in one ranged read."""
   if gcs.is_gcs(path) and gcs.emulated():
     return gcs.read_object(path)
   with tf.io.gfile.GFile(path, 'rb') as f:
-    return f.read()
+    return f.read() if size is None else f.read(size)

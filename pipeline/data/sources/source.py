@@ -5,7 +5,12 @@ import dataclasses
 from typing import Callable
 
 from pipeline import parts
+from pipeline.data.sources import detail as detail_lib
 from pipeline.errors import UserError
+
+
+# The config key that names a source (its settings carry it too).
+SOURCE_KEY = 'dataset'
 
 
 class UnknownSet(LookupError):
@@ -27,10 +32,19 @@ class DataSource(parts.Part):
     del settings
     return 'held-out'
 
-  def load(self, settings):
+  def load(self, settings, prepare=True):
     """The Source `settings` name; a one-line UserError if it cannot be
-    read."""
+    read. Not `prepare` (a dry run): nothing is downloaded or written; a
+    set that needs that first is described as far as it can be
+    (Source.counted False)."""
     raise NotImplementedError
+
+  def own_augment(self, settings):
+    """(the augmentation its images take where config.augment is left
+    open, why): photographs may be mirrored, so a random resized crop
+    and a flip; a source of digits or text says otherwise."""
+    return 'inception', (f'{settings[SOURCE_KEY]} holds photographs, which '
+                         'may be mirrored')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +68,12 @@ class Source:
   # The longer side of every image where the source fixes it (a
   # tensorflow-datasets set's image shape); 0 where they vary.
   image_side: int = 0
+  # () -> detail.Detail: how much detail its images hold (their median
+  # shorter side), read from a sample when a run's size is left open.
+  detail: Callable[[], detail_lib.Detail] = lambda: detail_lib.UNKNOWN
+  # Its example counts are known: False for a tensorflow-datasets set a
+  # dry run found unprepared (its sizes are known once it is).
+  counted: bool = True
 
   def all_record_files(self):
     """Both splits' record files (where an undecodable record is looked
@@ -98,14 +118,16 @@ class ListedImages(DataSource):
 
   def listed(self, settings):
     """(class names, {'train': files, 'eval': files} of (path, label),
-    the class count, a function reading files as read_files does)."""
+    the class count, a function reading files as read_files does, one
+    reading a file's first bytes as read_head does)."""
     raise NotImplementedError
 
-  def load(self, settings):
+  def load(self, settings, prepare=True):
+    del prepare  # Files are read where they are.
     if not settings[self.train_key]:
       raise UserError(f'dataset={self.name} needs --config.{self.train_key}'
                       f'=PATH, {self.listing} (local or gs://)')
-    names, files, num_classes, read_files = self.listed(settings)
+    names, files, num_classes, read_files, read_head = self.listed(settings)
     if names and settings.num_classes not in (0, len(names)):
       raise UserError(f'num_classes={settings.num_classes}, but '
                       f'{settings[self.train_key]!r} names {len(names)} '
@@ -114,7 +136,11 @@ class ListedImages(DataSource):
     def read(split, input_context, shuffle, seed):
       return read_files(files[split], input_context, shuffle, seed)
 
+    def detail():
+      return detail_lib.of_files([path for path, _ in files['train']],
+                                 read_head, 'training images')
+
     return Source(self.name, num_classes, len(files['train']),
                   len(files['eval']), read,
                   parse=lambda encoded, label, path: (encoded, label, path),
-                  class_names=names)
+                  class_names=names, detail=detail)

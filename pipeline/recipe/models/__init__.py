@@ -20,6 +20,8 @@ import keras
 from pipeline import parts
 from pipeline.errors import UserError
 from pipeline.recipe import layers
+from pipeline.recipe.progressive import SIZE_STEP
+from pipeline.recipe.progressive import SMALLEST
 from pipeline.recipe.models import efficientnet
 from pipeline.recipe.models import resnet
 
@@ -63,10 +65,15 @@ class ImageSizes:
           f'size) or at most {largest}')
 
 
-def image_sizes(model, image_size, eval_image_size):
+def image_sizes(model, image_size, eval_image_size, detail=None):
   """The ImageSizes of a run of `model` asked for at `image_size` and
-  `eval_image_size` (0: the network's own, as its published recipe trains
-  and evaluates it; eval_image_size 0 beside a given image_size: that)."""
+  `eval_image_size`. A size given wins. image_size 0 is the network's own
+  (as its published recipe trains and evaluates it) capped by the data's
+  detail (`detail`, sources' Detail: the median shorter side of a sample
+  of its images; None or unknown: no cap): the smallest multiple of 16
+  at or above it, never below 32. A network trained below its own size
+  evaluates at the training size (the data hold no more detail);
+  eval_image_size 0 beside a given image_size is that size too."""
   train, evaluation, recipe = MODELS[model].image_sizes(model)
   own = f"{model}'s own: {recipe}"
   if image_size:
@@ -74,6 +81,14 @@ def image_sizes(model, image_size, eval_image_size):
     default_eval = (image_size, 'the training size')
   else:
     sizes, default_eval = (train, own), (evaluation, own)
+    side = detail.side if detail else 0
+    capped = max(SMALLEST, -(-side // SIZE_STEP) * SIZE_STEP)
+    if side and capped < train:
+      sizes = (capped, f'the data: {detail.describe()}, rounded up to '
+               f'{SIZE_STEP}s from {SMALLEST}; {model}\'s own is {train}')
+      default_eval = (capped, 'the training size')
+    elif side:
+      sizes = (train, f'{own}; the data hold as much: {detail.describe()}')
   if eval_image_size:
     default_eval = (eval_image_size, 'eval_image_size')
   return ImageSizes(sizes[0], default_eval[0], sizes[1], default_eval[1])
@@ -119,23 +134,39 @@ def build_model(name, num_classes, image_size, dropout_rate=0.2,
 
 
 def model_of_run(plan):
-  """The run's network (build it inside the strategy's scope on TensorFlow)."""
-  return model_of_config(plan.config, plan.source.num_classes)
+  """The run's network (build it inside the strategy's scope on TensorFlow):
+  at its one image size, or any size where it evaluates at another or
+  trains in progressive stages."""
+  sizes = plan.image_sizes
+  fixed = sizes.eval == sizes.train and len(plan.stages) == 1
+  return model_of_config(plan.config, plan.source.num_classes,
+                         sizes.train if fixed else None)
 
 
-def model_of_config(config, num_classes):
+def model_of_config(config, num_classes, image_size):
   """The network `config` describes, for `num_classes` (launch.probe's,
-  which has no plan, and the run's): at its one image size, or any size
-  where it evaluates at another (`eval_image_size`, resolved) or trains in
-  progressive stages."""
-  fixed = (config.eval_image_size in (0, config.image_size) and
-           not config.progressive_stages)
-  return build_model(config.model, num_classes,
-                     config.image_size if fixed else None,
+  which has no plan, and the run's), at `image_size` (None: any size)."""
+  return build_model(config.model, num_classes, image_size,
                      config.dropout_rate, config.batch_norm_momentum,
                      config.drop_connect_rate,
                      forms={table.key: config[table.key]
                             for table in layers.FORM_TABLES})
+
+
+def rebuilt(name, num_classes, weights, image_size=None, policy='float32'):
+  """The network `name` built anew under `policy` with keras.applications'
+  own layers (no layer forms: plain Keras, which any Keras reads without
+  this project) and given `weights`, a trained model's (its variables are
+  float32 under every policy); at `image_size` (None: any). The global
+  policy is as it was after."""
+  before = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy(policy)
+  try:
+    model = build_model(name, num_classes, image_size)
+  finally:
+    keras.mixed_precision.set_global_policy(before)
+  model.set_weights(weights)
+  return model
 
 
 def set_head_dropout(model, rate):

@@ -95,13 +95,14 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
   cores = available_cores()
   result = {
       'model': config.model, 'dataset': source.name,
-      'image_size': config.image_size, 'global_batch_size': batch,
+      'image_size': plan.image_sizes.train, 'global_batch_size': batch,
       'steps_per_execution': spe, 'policy': plan.policy,
       'backend': plan.backend.name, 'device_kind': plan.hardware.device_kind,
       'detail': plan.hardware.detail,
       'strategy': plan.hardware.strategy_name,
       'num_replicas': plan.hardware.num_replicas, 'xla': plan.xla,
-      'cache': str(plan.cache_kind), 'augment': config.augment, 'cores': cores,
+      'cache': str(plan.cache_kind),
+      'augment': plan.input.augmentation.name, 'cores': cores,
       'input_cold_images_per_sec': cold, 'input_warm_images_per_sec': warm,
       'input_images_per_sec_per_core': warm / cores,
   }
@@ -119,7 +120,7 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
         (input_throughput(plan.input, source, batch, batches,
                           plan.cache_kind)[1],
          _rate(iter(reference_input.dataset(
-             files, config.image_size, batch)), batches, batch),
+             files, plan.image_sizes.train, batch)), batches, batch),
          dali.throughput(dali_input, batches, on_gpu) if with_dali else 0.0)
         for _ in range(_ROUNDS)])
     result.update(
@@ -179,9 +180,8 @@ def _train_throughputs(plan, executions):
 
 def _synthetic_batch(plan):
   """One random batch, this host's share of the global batch (numpy)."""
-  config = plan.config
   share = plan.global_batch_size // plan.hardware.num_workers
-  size = config.image_size
+  size = plan.image_sizes.train
   rng = np.random.RandomState(0)
   return (rng.randint(0, 256, (share, size, size, 3)).astype(np.uint8),
           rng.randint(0, plan.source.num_classes, share).astype(np.int32))
@@ -265,7 +265,7 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
   pairs.
   """
   hardware = hardware or plan_lib.find_hardware(request)
-  rows = []
+  rows, image_size = [], config.image_size
   for policy in policies:
     for setting, skip in xla_settings(hardware):
       if setting not in xla:
@@ -282,6 +282,7 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
       except UserError as e:
         row['skipped'] = str(e)
         continue
+      image_size = run_plan.image_sizes.train
       trainer = run_plan.backend.build_trainer(run_plan)
       compile_s, rate, _ = _synthetic_throughput(run_plan, trainer,
                                                  executions)
@@ -295,7 +296,7 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
       'strategy': hardware.strategy_name,
       'replicas': hardware.num_replicas, 'model': config.model,
       'logical_gpus': request.split_gpus > 1,
-      'image_size': config.image_size,
+      'image_size': image_size,
       'global_batch_size': config.global_batch_size, 'rows': rows,
       'fastest': fastest,
       'speedup_over_float32': (fastest['images_per_sec'] / max(float32)

@@ -30,4 +30,7 @@ class Request:
   # A gs:// workdir's lease lapses this long after its holder's last renewal.
   workdir_lease_s: float = 120.0
   trains: bool = True  # False: reads another run's workdir (launch.evaluate).
+  # --dry_run: resolve and check, read no more than the plan needs
+  # (headers of a sample), download, prepare and write nothing.
+  dry_run: bool = False
   input_pipeline: str = 'tf.data'  # The config's: DALI shares the GPUs.

@@ -4,7 +4,8 @@
 that omits a key, and a run.json written before a key existed, get that
 key's value from configs/default.py, the one home of every default.
 `validate(config, num_replicas, recipe_tables, data_tables)` is the one
-place a field's value is checked; the modules that use a field trust it. Checks that need the data
+place a field's value is checked (but the cache's, which the input reads:
+pipeline/data/input_spec.py); the modules that use a field trust it. Checks that need the data
 (examples_per_epoch, the cache) or the filesystem (init_from's source, the
 workdir) happen where those are opened, in pipeline/run/plan.py.
 """
@@ -60,8 +61,8 @@ def profile_window(text):
 
 
 def validate(config, num_replicas, recipe_tables, data_tables):
-  """Raises a one-line UserError for the first field that cannot run; the
-  words for off in `cache` ('none', 'off') become ''.
+  """Raises a one-line UserError for the first field that cannot run
+  (the cache's value: input_spec.cache_setting, as the spec reads it).
 
   `recipe_tables`, `data_tables`: the tables of named parts
   (pipeline/parts.py) of the recipe (models, optimizers, schedules, layer
@@ -90,7 +91,9 @@ def _at_least(values, low, why=''):
 
 def _check_batch(config, replicas):
   batch = config.global_batch_size
-  if batch < 1 or batch % replicas:
+  if batch < 1:
+    raise UserError(f'global_batch_size={batch} must be 1 or more')
+  if batch % replicas:
     raise UserError(f'global_batch_size={batch} does not split over '
                     f'{replicas} replicas; use a multiple of {replicas}')
   accumulation = config.gradient_accumulation_steps
@@ -138,26 +141,7 @@ def _check_recipe(config, tables):
                     f'the {config.epochs} to train the whole model; use fewer')
 
 
-# What users type for "no cache", as --config.augment=none means off.
-CACHE_OFF = ('none', 'off', 'no', 'false')
-
-
-def _cache_setting(value):
-  """'memory', '' (off) or a file prefix that is plainly a path; the words
-  for off become ''. A bare word would have been a file cache named after
-  it, written into the current folder ('none-train-0.*')."""
-  if value.lower() in CACHE_OFF:
-    return ''
-  if value not in ('', 'memory') and not (
-      '/' in value or value.startswith(('~', '.'))):
-    raise UserError(f"cache={value!r} is neither 'memory', '' or none (off), "
-                    'nor a path: a file cache is a path prefix, e.g. '
-                    f'./{value} or /tmp/cache/{value}')
-  return value
-
-
 def _check_input(config, tables):
-  config.cache = _cache_setting(config.cache)
   for table in tables:
     table.check(config)
   address = config.data_service

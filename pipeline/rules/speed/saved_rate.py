@@ -18,10 +18,11 @@ from pipeline.storage import user_cache
 SLOW = 0.10
 
 
-def step_key(config, devices, policy):
+def step_key(config, image_size, devices, policy):
   """What makes two steps the same program: the network and its layer
-  forms, the image size, the batch and its split, the policy."""
-  return (f'{config.model}-{config.image_size}px-batch'
+  forms, the image size (the run's, resolved), the batch and its split,
+  the policy."""
+  return (f'{config.model}-{image_size}px-batch'
           f'{config.global_batch_size}-{devices}dev-{policy}-'
           f'{config.batch_norm}-{config.squeeze_excite}-{config.depthwise}')
 

@@ -26,9 +26,11 @@ class CsvList(ListedImages):
   listing = 'a CSV of image paths and labels'
 
   def listed(self, settings):
+    from pipeline.data.sources import listed_files  # pylint: disable=g-import-not-at-top
     from pipeline.data.sources.csv_list import rows as csv_files  # pylint: disable=g-import-not-at-top
     names, files, num_classes = csv_files.splits(settings)
     missing = csv_files.missing(files)
     return names, files, num_classes, (
         lambda split_files, *how: csv_files.read_files(split_files, missing,
-                                                       *how))
+                                                       *how)), (
+        listed_files.read_head)

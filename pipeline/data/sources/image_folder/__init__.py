@@ -27,4 +27,5 @@ class ClassFolders(ListedImages):
     from pipeline.data.sources import listed_files  # pylint: disable=g-import-not-at-top
     from pipeline.data.sources.image_folder import tree  # pylint: disable=g-import-not-at-top
     names, files = tree.splits(settings)
-    return names, files, len(names), listed_files.read_files
+    return (names, files, len(names), listed_files.read_files,
+            listed_files.read_head)

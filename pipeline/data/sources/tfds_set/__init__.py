@@ -5,15 +5,25 @@ workers shard by file, or by example, before decoding."""
 
 import contextlib
 import io
+import os
 
 from absl import logging
 
 from pipeline import parts
+from pipeline.data.sources import detail as detail_lib
 from pipeline.data.sources.source import DataSource
 from pipeline.data.sources.source import Source
 from pipeline.data.sources.source import UnknownSet
 from pipeline.errors import UserError
 from pipeline.errors import first_line
+
+
+# Sets of digits and letters: a mirrored 2 is no 2. Every other set's
+# images are taken for photographs, which may be mirrored.
+UNMIRRORED = frozenset({
+    'sklearn_digits', 'scattered_digits', 'scattered_digits128', 'mnist',
+    'emnist', 'kmnist', 'svhn_cropped', 'binary_alpha_digits', 'omniglot',
+    'mnist_corrupted'})
 
 
 class TfdsSet(DataSource):
@@ -39,8 +49,14 @@ class TfdsSet(DataSource):
   def held_out(self, settings):
     return settings.eval_split or 'held-out'
 
-  def load(self, settings):
-    return _load(settings)
+  def load(self, settings, prepare=True):
+    return _load(settings, prepare)
+
+  def own_augment(self, settings):
+    if settings.dataset in UNMIRRORED:
+      return 'translate', (f'{settings.dataset} holds digits or letters, '
+                           'which a mirror would change')
+    return super().own_augment(settings)
 
 
 def _prepare(builder):
@@ -64,8 +80,10 @@ def _prepare(builder):
                  builder.name, builder.data_dir)
 
 
-def _load(settings):
-  """The tensorflow-datasets set `settings.dataset` names, prepared."""
+def _load(settings, prepare):
+  """The tensorflow-datasets set `settings.dataset` names, prepared; where
+  it is not prepared and not `prepare` (a dry run), what its registered
+  builder says of it, nothing downloaded or written."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builders)
   try:
@@ -73,11 +91,15 @@ def _load(settings):
                            data_dir=settings.data_dir or None)
   except tfds.core.registered.DatasetNotFoundError:
     raise UnknownSet(settings.dataset) from None
-  try:
-    _prepare(builder)
-  except Exception as e:  # Network, disk and manual-download errors alike.
-    raise UserError(f'dataset {settings.dataset!r} could not be prepared in '
-                    f'{builder.data_dir}: {first_line(e)}')
+  prepared = builder.is_prepared()
+  if not prepared and prepare:
+    _check_manual_files(builder)
+    try:
+      _prepare(builder)
+    except Exception as e:  # Network, disk and manual-download errors alike.
+      raise UserError(f'dataset {settings.dataset!r} could not be prepared '
+                      f'in {builder.data_dir}: {_one_line(e)}')
+    prepared = True
   features = builder.info.features
   if not ('label' in features and 'image' in features and
           isinstance(features['label'], tfds.features.ClassLabel) and
@@ -85,6 +107,8 @@ def _load(settings):
     raise UserError(f'dataset {settings.dataset!r} has no image and class '
                     'label; '
                     'it is not an image classification data set')
+  if not prepared:
+    return _registered(settings, builder, features)
   splits = {'train': settings.train_split,
             'eval': settings.eval_split or _held_out_split(builder)}
   sizes = {k: _num_examples(builder, v) for k, v in splits.items()}
@@ -105,13 +129,71 @@ def _load(settings):
       dataset = dataset.shard(pipelines, input_context.input_pipeline_id)
     return dataset
 
+  def detail():
+    fixed = _fixed_detail(settings.dataset, features['image'].shape)
+    if fixed.side:
+      return fixed
+    # Read undecoded: a few MB of the first file's records.
+    records = builder.as_dataset(
+        split=splits['train'], decoders={'image': tfds.decode.SkipDecoding()})
+    return detail_lib.of_encoded(
+        (example['image'] for example in
+         records.take(detail_lib.SAMPLE).as_numpy_iterator()),
+        f'the first {settings.dataset} training images')
+
   return Source(settings.dataset, features['label'].num_classes,
                 sizes['train'], sizes['eval'], read,
                 parse=lambda image, label, split: (image, label, split),
                 class_names=tuple(features['label'].names),
                 encoded_bytes=sum(_num_bytes(builder, v)
                                   for v in splits.values()),
-                image_side=_fixed_side(features['image'].shape))
+                image_side=_fixed_side(features['image'].shape),
+                detail=detail)
+
+
+def _registered(settings, builder, features):
+  """An unprepared set as its registered builder describes it: its classes
+  and image shape, its sizes unknown until it is prepared (a dry run)."""
+  del builder
+
+  def unread(*unused):
+    raise UserError(f'dataset {settings.dataset!r} is not prepared')
+
+  return Source(settings.dataset, features['label'].num_classes, 0, 0,
+                unread, unread, class_names=tuple(features['label'].names),
+                image_side=_fixed_side(features['image'].shape),
+                detail=lambda: _fixed_detail(settings.dataset,
+                                             features['image'].shape),
+                counted=False)
+
+
+def _fixed_detail(name, shape):
+  """The Detail of a set whose feature fixes its image shape, else unknown."""
+  height, width = shape[:2]
+  if height is None or width is None:
+    return detail_lib.UNKNOWN
+  return detail_lib.fixed(height, width, f"{name}'s metadata")
+
+
+def _check_manual_files(builder):
+  """A one-line UserError, before anything is created, for a set whose
+  files must be downloaded by hand (ImageNet's) where they are not."""
+  instructions = getattr(builder, 'MANUAL_DOWNLOAD_INSTRUCTIONS', None)
+  if not instructions:
+    return
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  manual_dir = os.path.join(builder.data_dir_root, 'downloads', 'manual')
+  if not (tf.io.gfile.isdir(manual_dir) and tf.io.gfile.listdir(manual_dir)):
+    raise UserError(
+        f'dataset {builder.name!r} must be downloaded by hand into '
+        f'{manual_dir} before its first run: {_one_line(instructions)}; or '
+        'point --config.data_dir at a folder where it is prepared')
+
+
+def _one_line(error_or_text):
+  """A message on one line, whole (a builder's instructions: its URL, its
+  folder)."""
+  return ' '.join(str(error_or_text).split())
 
 
 def _fixed_side(shape):

@@ -3,6 +3,7 @@ tensorflow/tpu writes them, or launch.make_tfrecords'): each worker reads
 its own files, 16 at a time, 8 MiB read buffers."""
 
 from pipeline import parts
+from pipeline.data.sources import detail as detail_lib
 from pipeline.data.sources.source import DataSource
 from pipeline.data.sources.source import NUM_CLASSES
 from pipeline.data.sources.source import Source
@@ -32,7 +33,8 @@ class TFRecordFiles(DataSource):
   def held_out(self, settings):
     return settings.eval_files
 
-  def load(self, settings):
+  def load(self, settings, prepare=True):
+    del prepare  # Files are read where they are.
     return _load(settings)
 
 
@@ -84,9 +86,17 @@ def _load(settings):
     raise UserError(f'{tfrecords.LABELS_FILE} beside {settings.train_files!r}'
                     f' names {len(names)} classes, not num_classes='
                     f'{settings.num_classes}')
+  def detail():
+    # The first records of the first files: a read of a few MB.
+    records = tf.data.TFRecordDataset(list(files['train'][:4])).ignore_errors()
+    return detail_lib.of_encoded(
+        (encoded for encoded, _ in records.take(detail_lib.SAMPLE).map(
+            tfrecords.parse).as_numpy_iterator()),
+        f'the first training records of {settings.train_files}')
+
   return Source('tfrecord', settings.num_classes, sizes['train'], sizes['eval'],
                 read, parse, class_names=names, encoded_bytes=sum(
                     tf.io.gfile.stat(name).length
                     for names in files.values() for name in names),
-                record_files=files, label_offset=offset)
+                record_files=files, label_offset=offset, detail=detail)
 
