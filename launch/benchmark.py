@@ -73,7 +73,8 @@ _POLICIES = cli.define_policy_list(
     'float32,mixed_float16,mixed_bfloat16.', required=False)
 _SAVE_POLICY = flags.DEFINE_bool(
     'save_policy', False, 'With --policies on a GPU: keep the fastest policy '
-    'for this GPU model and software, so --policy=auto takes it there '
+    'for this GPU model and software, on a CPU for its model, the software, '
+    'the network and its size, so --policy=auto takes it there '
     '(pipeline/rules/speed/saved_policy.py). With '
     '--backends=tensorflow,jax: keep the faster backend and its policy, so '
     '--backend=auto takes them (pipeline/rules/speed/measured.py). With --input_only on TFRecord files: '
@@ -147,9 +148,9 @@ def main(config):
 def _sweep(config, request):
   """--policies: each policy and XLA setting on a synthetic batch."""
   hardware = plan.find_hardware(request)
-  if _SAVE_POLICY.value and hardware.device_kind != 'GPU':
-    raise UserError('--save_policy keeps a policy for a GPU model; this '
-                    f'machine trains on {hardware.device_kind}')
+  if _SAVE_POLICY.value and hardware.device_kind not in ('GPU', 'CPU'):
+    raise UserError('--save_policy keeps a policy for a GPU model or a CPU; '
+                    f'this machine trains on {hardware.device_kind}')
   result = benchmark.sweep(config, request, _POLICIES.value,
                            _XLA_SETTINGS.value, _EXECUTIONS.value, hardware)
   text = benchmark_tables.sweep_table(result)

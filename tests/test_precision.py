@@ -16,26 +16,91 @@ from pipeline.backends.tensorflow import xla as tf_xla
 from pipeline.rules.speed import compile_cache
 from pipeline.rules.config import request as request_lib
 from pipeline.recipe import models
+from pipeline.reports import saved_measurements
 from pipeline.run import plan
 from pipeline.rules.speed import precision
 from pipeline.rules.speed import saved_policy
 from pipeline.errors import UserError
 
 
-@pytest.mark.parametrize('device_kind, capability, amx, expected', [
-    ('TPU', None, False, 'mixed_bfloat16'),
-    ('GPU', (9, 0), False, 'mixed_bfloat16'),  # H100: measured faster.
-    ('GPU', (8, 0), False, 'mixed_bfloat16'),
-    ('GPU', (7, 5), False, 'mixed_float16'),  # Turing: no bfloat16 cores.
-    ('GPU', (7, 0), False, 'mixed_float16'),
-    ('GPU', (6, 1), False, 'float32'),
-    ('CPU', None, False, 'float32'),
-    ('CPU', None, True, 'mixed_bfloat16'),
+@pytest.mark.parametrize('device_kind, capability, units, expected', [
+    ('TPU', None, (), 'mixed_bfloat16'),
+    ('GPU', (9, 0), (), 'mixed_bfloat16'),  # H100: measured faster.
+    ('GPU', (8, 0), (), 'mixed_bfloat16'),
+    ('GPU', (7, 5), (), 'mixed_float16'),  # Turing: no bfloat16 cores.
+    ('GPU', (7, 0), (), 'mixed_float16'),
+    ('GPU', (6, 1), (), 'float32'),
+    ('CPU', None, (), 'float32'),
+    # 16-bit units alone choose nothing: measured, AMX trained slower.
+    ('CPU', None, ('amx_bf16', 'avx512_bf16'), 'float32'),
 ])
-def test_auto_policy_table(device_kind, capability, amx, expected):
-  policy, reason = precision.choose_policy('auto', device_kind, capability, amx)
+def test_auto_policy_table(device_kind, capability, units, expected):
+  policy, reason = precision.choose_policy('auto', device_kind, capability,
+                                           units)
   assert policy == expected
   assert reason
+
+
+_SAPPHIRE_RAPIDS = ('model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ '
+                    '2.70GHz\nflags\t: fpu avx512f avx512_bf16 amx_bf16 '
+                    'amx_tile\n')
+
+
+def _cpu_sweep(fastest, slower):
+  """A CPU sweep of B0 at 128 px: `fastest` (policy, img/s) and `slower`."""
+  rows = [{'policy': policy, 'xla': 'off', 'images_per_sec': rate,
+           'compile_s': 30.0} for policy, rate in (fastest, slower)]
+  return {'device_kind': 'CPU', 'gpu_name': None, 'model': 'efficientnet_b0',
+          'image_size': 128, 'global_batch_size': 32, 'rows': rows,
+          'fastest': rows[0], 'time': '2026-12-06 09:00'}
+
+
+@pytest.mark.parametrize('fastest, slower', [
+    (('mixed_bfloat16', 60.0), ('float32', 39.6)),
+    (('float32', 39.6), ('mixed_bfloat16', 25.5)),
+])
+def test_auto_on_a_cpu_with_amx_follows_a_saved_measurement_either_way(
+    tmp_path, monkeypatch, fastest, slower):
+  """A CPU whose flags list AMX: with no measurement auto takes float32
+  and says how to measure; a sweep saved for this CPU, software, network
+  and size is followed, whichever policy won, and named; another size or
+  network is not the measured one."""
+  cpuinfo = tmp_path / 'cpuinfo'
+  cpuinfo.write_text(_SAPPHIRE_RAPIDS)
+  real = precision.cpu_info
+  monkeypatch.setattr(precision, 'cpu_info', lambda: real(str(cpuinfo)))
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  backend = backends.load('tensorflow')
+  cpu = types.SimpleNamespace(device_kind='CPU', gpu_name=None,
+                              gpu_compute_capability=None, num_replicas=1)
+  request = request_lib.Request(policy='auto')
+  step = saved_policy.step_of('efficientnet_b0', 128)
+  unmeasured = precision.resolve(
+      'auto', 'CPU', measured=plan._measured(request, cpu, backend, step))
+  assert unmeasured.policy == 'float32'
+  assert unmeasured.reason == (
+      'CPU has bfloat16 units (amx_bf16, avx512_bf16), but no measurement '
+      'for this network and size on this CPU and software says they train '
+      "faster; on a 2-core AMX Xeon mixed_bfloat16 trained the default run "
+      "at 0.58x float32's rate (BUILD_NOTES.md); measure: python -m "
+      'launch.benchmark --policies=float32,mixed_bfloat16 --xla_settings=off '
+      '--save_policy')
+  line = saved_measurements.save_sweep(_cpu_sweep(fastest, slower))
+  target = saved_policy.path('Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz',
+                             backend.software(), step)
+  assert line.endswith(f'--policy=auto takes it there ({target})')
+  followed = precision.resolve(
+      'auto', 'CPU', measured=plan._measured(request, cpu, backend, step))
+  assert followed.policy == fastest[0]
+  assert followed.reason == (
+      'your sweep saved for this CPU, network, size and software: '
+      f'{fastest[1]:,.0f} img/s against {slower[0]} {slower[1]:,.0f} '
+      f'(efficientnet_b0 128 px, batch 32; {target})')
+  # Another size, or an explicit policy: not the measured one.
+  assert plan._measured(request, cpu, backend, saved_policy.step_of(
+      'efficientnet_b0', 224)) is None
+  assert plan._measured(request_lib.Request(policy='float32'), cpu, backend,
+                        step) is None
 
 
 @pytest.mark.parametrize('policy', precision.POLICIES[1:])
@@ -80,10 +145,14 @@ def test_loss_scaling_exactly_where_float16_computes(policy, scaled):
 
 def test_amx_detection_reads_cpu_flags(tmp_path):
   flags = tmp_path / 'cpuinfo'
-  flags.write_text('flags\t: fpu avx512f amx_bf16 amx_tile\n')
+  flags.write_text(_SAPPHIRE_RAPIDS)
   assert precision.cpu_has_amx(str(flags))
+  assert precision.cpu_info(str(flags)) == (
+      'Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz',
+      ('amx_bf16', 'avx512_bf16'))
   flags.write_text('flags\t: fpu avx512f avx512_bf16\n')
   assert not precision.cpu_has_amx(str(flags))
+  assert precision.cpu_info(str(flags)) == ('CPU', ('avx512_bf16',))
   assert not precision.cpu_has_amx(str(tmp_path / 'missing'))
 
 
@@ -353,7 +422,7 @@ def test_a_saved_sweep_for_this_gpu_and_software_wins_over_the_rule(
   request = request_lib.Request(policy='auto')
   h100 = types.SimpleNamespace(device_kind='GPU', gpu_name=H100,
                                gpu_compute_capability=(9, 0), num_replicas=1)
-  measured = plan._measured(request, h100, backends.load('tensorflow'))
+  measured = plan._measured(request, h100, backends.load('tensorflow'), '')
   resolved = precision.resolve('auto', 'GPU', (9, 0), measured=measured)
   assert (resolved.policy, resolved.loss_scaling) == ('mixed_float16', True)
   assert resolved.reason == (
@@ -365,9 +434,9 @@ def test_a_saved_sweep_for_this_gpu_and_software_wins_over_the_rule(
   assert precision.resolve('mixed_bfloat16', 'GPU', (9, 0),
                            measured=measured).policy == 'mixed_bfloat16'
   a100 = types.SimpleNamespace(**dict(vars(h100), gpu_name='NVIDIA A100'))
-  assert plan._measured(request, a100, backends.load('tensorflow')) is None
+  assert plan._measured(request, a100, backends.load('tensorflow'), '') is None
   assert saved_policy.load(H100, software + '-cudnn-9.30.0.1') is None
-  assert plan._measured(request, h100, backends.load('jax')) is None
+  assert plan._measured(request, h100, backends.load('jax'), '') is None
 
 
 def _mirrored_h100_sweep(on, off, replicas=2):

@@ -5,18 +5,24 @@ model where `--policy=auto` (rules/speed/saved_policy.py) and `--backend=auto`
 from pipeline import backends
 from pipeline.errors import UserError
 from pipeline.rules.speed import measured
+from pipeline.rules.speed import precision
 from pipeline.rules.speed import saved_policy
 
 
 def save_sweep(sweep):
-  """Saves a GPU sweep's fastest policy for this software; the line that
-  says so."""
+  """Saves a sweep's fastest policy for this GPU model, or this CPU and the
+  sweep's network and size, and this software; the line that says so."""
   if not sweep['fastest']:
     raise UserError('--save_policy: no policy was measured, nothing to keep')
   software = backends.chosen()[0].software()
-  target = saved_policy.save(sweep, sweep['gpu_name'], software)
-  return (f'saved {sweep["fastest"]["policy"]} for {sweep["gpu_name"]} with '
-          f'{software}: --policy=auto takes it there ({target})')
+  on_cpu = sweep['device_kind'] == 'CPU'
+  device = precision.cpu_info()[0] if on_cpu else sweep['gpu_name']
+  step = (saved_policy.step_of(sweep['model'], sweep['image_size'])
+          if on_cpu else '')
+  target = saved_policy.save(sweep, device, software, step)
+  return (f'saved {sweep["fastest"]["policy"]} for {device}'
+          f'{" and " + step if step else ""} with {software}: --policy=auto '
+          f'takes it there ({target})')
 
 
 def gpu_to_save_for(save, names):

@@ -194,11 +194,6 @@ def resolve(config, request, hardware=None):
   # First, so a backend that then finds no hardware has said why it ran.
   logging.info('Backend: %s (%s)', backend.name, backend_reason)
   hardware = hardware or backend.resolve_hardware(request)
-  resolved_precision = precision.resolve(
-      request.policy, hardware.device_kind, hardware.gpu_compute_capability,
-      _measured(request, hardware, backend), backend.policy)
-  xla, xla_reason = backend.choose_xla(request.xla, hardware,
-                                       resolved_precision.policy)
   validation.validate(config, hardware.num_replicas, recipe.tables(),
                       (sources.SOURCES, augmentations.AUGMENTATIONS))
   layers.check_compiles(
@@ -211,6 +206,14 @@ def resolve(config, request, hardware=None):
   source = sources.load_source(config, prepare=not request.dry_run)
   chosen = left_open.choose(config, source)
   sizes = chosen.sizes
+  # After the sizes: a CPU's measured policy is kept per network and size.
+  resolved_precision = precision.resolve(
+      request.policy, hardware.device_kind, hardware.gpu_compute_capability,
+      _measured(request, hardware, backend,
+                saved_policy.step_of(config.model, sizes.train)),
+      backend.policy)
+  xla, xla_reason = backend.choose_xla(request.xla, hardware,
+                                       resolved_precision.policy)
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
@@ -279,11 +282,18 @@ def find_hardware(request):
   return backends.chosen()[0].resolve_hardware(request)
 
 
-def _measured(request, hardware, backend):
+def _measured(request, hardware, backend, step):
   """The policy the user's saved sweep found fastest on this GPU model and
   the backend's software, else the one a saved measurement of both
-  backends ran this one under, with its reason; None elsewhere."""
-  if request.policy != 'auto' or not hardware.gpu_name:
+  backends ran this one under; on a CPU, the sweep saved for its model
+  name, the software and `step` (the network and size); with its reason;
+  None elsewhere."""
+  if request.policy != 'auto':
+    return None
+  if hardware.device_kind == 'CPU':
+    return saved_policy.load(precision.cpu_info()[0], backend.software(),
+                             step)
+  if not hardware.gpu_name:
     return None
   return (saved_policy.load(hardware.gpu_name, backend.software()) or
           backends.measured_policy(hardware.gpu_name, backend))

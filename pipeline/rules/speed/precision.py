@@ -21,18 +21,47 @@ REWRITE = 'rewrite'
 POLICIES = KERAS_POLICIES + (REWRITE,)
 
 
-def cpu_has_amx(cpuinfo_path='/proc/cpuinfo'):
-  """True if the host CPU has AMX bfloat16 tiles (Sapphire Rapids and newer)."""
+# The host CPU's 16-bit units, by /proc/cpuinfo's flag: AMX's bfloat16
+# tiles (Sapphire Rapids and newer), AVX-512's bfloat16 dot products.
+CPU_SIXTEEN_BIT_FLAGS = ('amx_bf16', 'avx512_bf16')
+# What a CPU with 16-bit units measured without a measurement of its own:
+# bfloat16 slower (a 2-core Sapphire Rapids Xeon, TensorFlow 2.21 with
+# oneDNN, the default run at 5 epochs in fresh processes: 198-204 img/s
+# against float32's 341-354; keras.applications' own B0 with model.fit:
+# 0.62x; 224 px, batch 32: 0.61x).
+CPU_UNMEASURED = ('no measurement for this network and size on this CPU '
+                  'and software says they train faster; on a 2-core AMX '
+                  'Xeon mixed_bfloat16 trained the default run at 0.58x '
+                  "float32's rate (BUILD_NOTES.md); measure: python -m "
+                  'launch.benchmark --policies=float32,mixed_bfloat16 '
+                  '--xla_settings=off --save_policy')
+
+
+def cpu_info(cpuinfo_path='/proc/cpuinfo'):
+  """(the host CPU's model name, its 16-bit units of
+  CPU_SIXTEEN_BIT_FLAGS) from /proc/cpuinfo; ('CPU', ()) where unreadable."""
   try:
     with open(cpuinfo_path) as f:
-      return 'amx_bf16' in f.read()
+      text = f.read()
   except OSError:
-    return False
+    return 'CPU', ()
+  names = [line.split(':', 1)[1].strip() for line in text.splitlines()
+           if line.startswith('model name')]
+  flags = set(text.split())
+  return (names[0] if names else 'CPU',
+          tuple(flag for flag in CPU_SIXTEEN_BIT_FLAGS if flag in flags))
+
+
+def cpu_has_amx(cpuinfo_path='/proc/cpuinfo'):
+  """True if the host CPU has AMX bfloat16 tiles (Sapphire Rapids and newer)."""
+  return 'amx_bf16' in cpu_info(cpuinfo_path)[1]
 
 
 def choose_policy(requested, device_kind, gpu_compute_capability=None,
-                  has_amx=False):
-  """Returns (policy name, reason) for `requested` on this hardware."""
+                  cpu_units=()):
+  """Returns (policy name, reason) for `requested` on this hardware;
+  `cpu_units`: the host CPU's 16-bit units (cpu_info), which alone never
+  choose 16 bits (a measurement does: resolve's `measured`)."""
   if requested not in POLICIES:
     raise UserError(f'unknown policy {requested!r}; accepted: '
                     f'{", ".join(POLICIES)}')
@@ -50,10 +79,11 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
     return 'mixed_bfloat16', 'TPU matrix units compute in bfloat16'
   if device_kind == 'GPU':
     return _gpu_policy(gpu_compute_capability)
-  if has_amx:
-    return 'mixed_bfloat16', 'CPU has AMX bfloat16 units'
-  return 'float32', ('CPU without AMX: bfloat16 runs no faster than float32 '
-                     'here (measured, BUILD_NOTES.md)')
+  if cpu_units:
+    return 'float32', (f'CPU has bfloat16 units ({", ".join(cpu_units)}), '
+                       f'but {CPU_UNMEASURED}')
+  return 'float32', ('CPU without 16-bit units: bfloat16 runs no faster '
+                     'than float32 here (measured, BUILD_NOTES.md)')
 
 
 def _gpu_policy(capability):
@@ -100,11 +130,12 @@ class Precision:
 def resolve(requested, device_kind, gpu_compute_capability=None,
             measured=None, on_backend=None):
   """The Precision for --policy=`requested` on this hardware, or UserError.
-  `measured`: (policy, reason) saved for this GPU (saved_policy.py), which
-  `auto` takes over the rule; `on_backend(requested, policy, reason)`: the
-  backend's adjustment (Backend.policy)."""
+  `measured`: (policy, reason) saved for this GPU, or this CPU, network
+  and size (saved_policy.py), which `auto` takes over the rule;
+  `on_backend(requested, policy, reason)`: the backend's adjustment
+  (Backend.policy)."""
   policy, reason = choose_policy(requested, device_kind,
-                                 gpu_compute_capability, cpu_has_amx())
+                                 gpu_compute_capability, cpu_info()[1])
   if requested == 'auto' and measured:
     policy, reason = measured
   if on_backend:

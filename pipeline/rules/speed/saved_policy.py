@@ -1,12 +1,14 @@
-"""A policy measured on this GPU wins over the rule.
+"""A policy measured on this GPU, or this CPU, wins over the rule.
 
-`--policy=auto` on a GPU follows a rule of compute capability (precision.py).
-A user who measured their GPU with `launch.benchmark --policies=...
---save_policy` keeps the sweep's fastest policy in their cache folder, keyed
-by the GPU model and the software (TensorFlow and cuDNN versions); `auto`
-then takes it on the same GPU and software, and the plan line says so with
-the figures. Another GPU model or software ignores it: the figures would not
-hold there.
+`--policy=auto` on a GPU follows a rule of compute capability, on a CPU
+float32 (precision.py). A user who measured their device with
+`launch.benchmark --policies=... --save_policy` keeps the sweep's fastest
+policy in their cache folder, keyed by the device (the GPU model, the CPU's
+model name) and the software (TensorFlow and cuDNN versions), and on a CPU
+also the network and its size (`step`: whether oneDNN's 16-bit kernels
+win depends on the shapes); `auto` then takes it on the same device and
+software, and the plan line says so with the figures. Another device or
+software ignores it: the figures would not hold there.
 
 A sweep over several replicas (several GPUs, or one split with
 --split_gpus) also decides `--xla=auto` under MirroredStrategy on that GPU
@@ -18,14 +20,26 @@ from absl import logging
 from pipeline.storage import user_cache
 
 
-def path(gpu_name, software):
-  return user_cache.folder('policy', user_cache.slug(gpu_name),
+def path(device, software, step=''):
+  """The record of `device` and `software`; a CPU's per `step`
+  (step_of's)."""
+  if step:
+    return user_cache.folder('policy', user_cache.slug(device),
+                             user_cache.slug(software),
+                             f'{user_cache.slug(step)}.json')
+  return user_cache.folder('policy', user_cache.slug(device),
                            f'{user_cache.slug(software)}.json')
 
 
-def save(sweep, gpu_name, software):
-  """Keeps `sweep`'s (benchmark.sweep's result) fastest policy for this GPU
-  and software; returns the file's path."""
+def step_of(model, image_size):
+  """What a CPU's record is kept per: the network and its size."""
+  return f'{model}-{image_size}px'
+
+
+def save(sweep, gpu_name, software, step=''):
+  """Keeps `sweep`'s (benchmark.sweep's result) fastest policy for this
+  device (`gpu_name`: a GPU model or a CPU's model name) and software, a
+  CPU's per `step`; returns the file's path."""
   fastest = sweep['fastest']
   others = {}
   for row in sweep['rows']:
@@ -46,15 +60,16 @@ def save(sweep, gpu_name, software):
             'model': sweep['model'], 'image_size': sweep['image_size'],
             'global_batch_size': sweep['global_batch_size'],
             'saved': sweep.get('time', '')}
-  target = path(gpu_name, software)
+  target = path(gpu_name, software, step)
   user_cache.write_json(target, record)
   return target
 
 
-def load(gpu_name, software):
-  """(policy, reason) saved for this GPU and software, or None. An
-  unreadable file is passed over with one warning line."""
-  source = path(gpu_name, software)
+def load(gpu_name, software, step=''):
+  """(policy, reason) saved for this device and software (a CPU's for
+  `step`), or None. An unreadable file is passed over with one warning
+  line."""
+  source = path(gpu_name, software, step)
   try:
     record = user_cache.read_json(source)
     if record is None:
@@ -66,7 +81,8 @@ def load(gpu_name, software):
     _unreadable(source, e)
     return None
   return policy, (
-      f'your sweep saved for this GPU and software: {rate:,.0f} img/s'
+      f'your sweep saved for this {"CPU, network, size" if step else "GPU"} '
+      f'and software: {rate:,.0f} img/s'
       + (f' against {others}' if others else '')
       + f' ({record.get("model")} {record.get("image_size")} px, batch '
       f'{record.get("global_batch_size")}; {source})')
