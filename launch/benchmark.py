@@ -19,16 +19,6 @@
   # The same model on each Keras backend, side by side (JAX environment).
   python -m launch.benchmark --backends=tensorflow,jax --num_executions=3
 
-  # Time to accuracy: the config as it is, then with progressive learning
-  # (its progressive_stages, else 2), each a whole run evaluated each epoch.
-  python -m launch.benchmark --time_to_accuracy --config.image_size=64
-  # ... on a bundled set where resolution matters (BUILD_NOTES), in three
-  # stages from 48 px to 128:
-  python -m launch.benchmark --time_to_accuracy \
-      --config.dataset=scattered_digits128 --config.model=efficientnet_tiny \
-      --config.image_size=128 --config.epochs=24 \
-      --config.progressive_stages=3 --config.progressive_first_image_size=48
-
 Prints a table and writes it as JSON (--output, default under runs/). Same hardware and config
 flags as launch.train.
 """
@@ -52,12 +42,9 @@ from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
 from pipeline.run import plan
 from pipeline.reports import saved_measurements
-from pipeline.reports import time_to_accuracy
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 
-# --helpshort lists the flags every launcher takes from launch/cli.py too.
-flags.adopt_module_key_flags(cli)
 
 _EXECUTIONS = flags.DEFINE_integer(
     'num_executions', 5, 'Timed calls of steps_per_execution steps each.')
@@ -94,36 +81,22 @@ _NAMED_BACKENDS = [name for name in backends.BACKENDS if name != 'auto']
 flags.register_validator(
     'backends', lambda names: set(names) <= set(_NAMED_BACKENDS),
     f'--backends takes {", ".join(_NAMED_BACKENDS)} or both')
-_TIME_TO_ACCURACY = flags.DEFINE_bool(
-    'time_to_accuracy', False, 'Instead: train the config as it is and again '
-    'with progressive learning (its progressive_stages, else 2), one after '
-    'the other, and say how long each took to the fixed run\'s final '
-    'accuracy; the runs are kept in --workdir, else beside --output (its '
-    'name without .json), in fixed/ and progressive/.')
-# What is launch.benchmark's own, not launch.train's: left out of the runs
-# --time_to_accuracy starts.
-_OWN_FLAGS = ('--num_executions', '--output', '--input_only', '--policies',
-              '--save_policy', '--nosave_policy', '--xla_settings',
-              '--backends', '--target_images_per_sec', '--time_to_accuracy',
-              '--notime_to_accuracy')
 _TARGET = flags.DEFINE_float(
     'target_images_per_sec', 0,
     'What the accelerators consume (e.g. 3454: EfficientNet-B0 with AMP on '
     'one A100): says whether this input feeds it, and how many cores would.')
 
 
+# --helpshort lists the flags every launcher takes from launch/cli.py
+# too (after the policy lists cli.py defines for this launcher).
+flags.adopt_module_key_flags(cli)
+
 def main(config):
   request = cli.request(config, workdir_default=False)
   failed = ()
   output = _OUTPUT.value or os.path.join(
       'runs', time.strftime('benchmark-%Y%m%d-%H%M%S.json'))
-  if _TIME_TO_ACCURACY.value:
-    stages = config.progressive_stages if config.progressive_stages > 1 else 2
-    result = time_to_accuracy.measure(
-        [a for a in sys.argv[1:] if not a.startswith(_OWN_FLAGS)], stages,
-        request.workdir or os.path.splitext(output)[0])
-    text = result['line']
-  elif _BACKENDS.value:
+  if _BACKENDS.value:
     gpu = saved_measurements.gpu_to_save_for(_SAVE_POLICY.value,
                                              _BACKENDS.value)
     result = benchmark.across_backends(_BACKENDS.value, _child_args())

@@ -65,7 +65,8 @@ def main(config):
       config_flags.get_override_values(flags.FLAGS['config']))
   request = dataclasses.replace(cli.request(config), trains=False)
   if not cli.POLICY.present:
-    request = dataclasses.replace(request, policy=policy)
+    request = dataclasses.replace(request, policy=policy,
+                                  policy_from="the run's, from its run.json")
   if EXPORT.value:
     if FOLLOW.value:
       raise UserError('--export exports one checkpoint: without --follow')

@@ -105,8 +105,9 @@ def tiny_args(workdir, tfds_dir, *extra):
 def jax_args(workdir, tfds_dir, *extra, devices=2):
   """Ten steps of 32 images over 2 devices, 4 per execution (a short last
   one), a checkpoint every 4, a moving average, the tiny network. float32 unless a test asks
-  for another policy (the last --policy wins): `auto` takes mixed_bfloat16
-  on a CPU with AMX, and the tolerances across backends are float32's."""
+  for another policy (the last --policy wins): `auto` follows a sweep a
+  user saved on this machine, and the tolerances across backends are
+  float32's."""
   return ('--backend=jax', f'--num_cpu_devices={devices}', '--policy=float32',
           f'--workdir={workdir}', '--config.model=efficientnet_tiny',
           f'--config.data_dir={tfds_dir}', '--config.epochs=1',
@@ -405,6 +406,33 @@ def check_onnx_agrees_with_the_saved_model(export_dir):
   ours = predict.probabilities(onnx, images)
   assert ours.shape == theirs.shape == (32, len(metadata['class_names']))
   assert np.abs(ours - theirs).max() <= 1e-4
+
+
+def check_keras_file_trains(export_dir, python=None, backend=None):
+  """The export's model.keras, in a fresh process of `python` (this one's
+  by default) on Keras' `backend` (the environment's by default): read by
+  keras.models.load_model with nothing of this project imported, it gives
+  the classes' logits and trains one more step with fit."""
+  script = (
+      'import sys, keras, numpy as np\n'
+      'model = keras.models.load_model(sys.argv[1])\n'
+      'images = np.random.RandomState(0).randint(0, 256, (8, 32, 32, 3))\n'
+      'before = [w.copy() for w in model.get_weights()]\n'
+      'model.compile(optimizer="adam", loss=keras.losses.'
+      'SparseCategoricalCrossentropy(from_logits=True))\n'
+      'history = model.fit(images.astype("uint8"), np.arange(8) % 10, '
+      'epochs=1, batch_size=8, verbose=0).history\n'
+      'moved = sum(not np.array_equal(a, b) for a, b in '
+      'zip(before, model.get_weights()))\n'
+      'print(model.output.shape, len(history["loss"]), moved > 0)\n')
+  env = dict(os.environ, **({'KERAS_BACKEND': backend} if backend else {}))
+  result = subprocess.run(
+      [python or sys.executable, '-c', script,
+       os.path.join(export_dir, 'model.keras')], cwd='/', env=env,
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.strip().splitlines()[-1] == '(None, 10) 1 True', (
+      result.stdout)
 
 
 def check_exports_agree(export_dir, other_dir, atol):

@@ -22,6 +22,7 @@ import pytest
 
 from conftest import REPO
 from conftest import check_exports_agree
+from conftest import check_keras_file_trains
 from conftest import check_onnx_agrees_with_the_saved_model
 from conftest import check_tflite_agrees_with_the_saved_model
 from conftest import jax_args
@@ -134,6 +135,10 @@ def test_a_bfloat16_jax_run_profiles_exports_predicts_and_tensorflow_tunes_it(
   # with the bfloat16 SavedModel to bfloat16's precision.
   check_tflite_agrees_with_the_saved_model(str(workdir / 'export'),
                                            atol=2e-2)
+  # model.keras, written on JAX: read and trained on JAX and TensorFlow.
+  check_keras_file_trains(str(workdir / 'export'))
+  if TF_PYTHON:
+    check_keras_file_trains(str(workdir / 'export'), TF_PYTHON, 'tensorflow')
   images = tmp_path / 'digits'
   images.mkdir()
   from PIL import Image  # pylint: disable=g-import-not-at-top

@@ -1,6 +1,7 @@
 """launch.benchmark --policies: the first-run sweep over policies and XLA."""
 
 import json
+import re
 import types
 
 import pytest
@@ -54,8 +55,6 @@ def test_the_sweep_tries_xla_both_ways_wherever_it_can_be_off(kind, replicas,
     ('--policies=float32,fp8', "--policies: unknown policy 'fp8'; accepted: "
      'float32, mixed_float16'),
     ('--xla_settings=sometimes', '--xla_settings takes off, on or both'),
-    ('--save_policy', '--save_policy keeps a policy for a GPU model; this '
-     'machine trains on CPU'),
 ])
 def test_sweep_bad_input_is_one_line(flag, message, tfds_dir):
   extra = ['--policies=float32'] if 'policies' not in flag else []
@@ -64,3 +63,27 @@ def test_sweep_bad_input_is_one_line(flag, message, tfds_dir):
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
   assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+
+
+def test_a_cpu_sweep_is_kept_for_this_cpu_network_and_size(tfds_dir,
+                                                           tmp_path):
+  """--save_policy on a CPU keeps the sweep's fastest for the CPU's model
+  name, the software, the network and its size, where --policy=auto then
+  follows it and names it."""
+  from pipeline.rules.speed import precision  # pylint: disable=g-import-not-at-top
+  env = {'XDG_CACHE_HOME': str(tmp_path / 'cache')}
+  result = run_module('launch.benchmark', '--policies=float32',
+                      '--xla_settings=off', '--save_policy',
+                      f'--output={tmp_path / "sweep.json"}',
+                      f'--config.data_dir={tfds_dir}', *_TINY, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  cpu = precision.cpu_info()[0]
+  assert re.search(rf'saved float32 for {re.escape(cpu)} and '
+                   r'efficientnet_tiny-32px with .*: --policy=auto takes it '
+                   r'there \(', result.stdout), result.stdout[-2000:]
+  planned = run_module('launch.train', '--dry_run',
+                       f'--workdir={tmp_path / "run"}',
+                       f'--config.data_dir={tfds_dir}', *_TINY[1:], env=env)
+  assert planned.returncode == 0, planned.stderr[-3000:]
+  assert ('Precision: float32 (your sweep saved for this CPU, network, size '
+          'and software: ') in planned.stderr

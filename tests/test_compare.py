@@ -7,6 +7,7 @@ the planning rules are checked without training.
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -334,3 +335,55 @@ def test_seed_means_and_deltas_against_float32():
   table = comparison_report.markdown_table(rows)
   assert '| mixed_float16 | 128 | 11 | 1,408 | 210 |' in table
   assert '| 2.00 | +1.00 |' in table
+
+
+def _digits_folder(root, per_class):
+  """The bundled digits as a folder of class folders of PNG files (the
+  layout Keras' image_dataset_from_directory reads), `per_class` each."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top
+  images, labels, _ = sklearn_digits.splits()['train']
+  written = {}
+  for image, label in zip(images, labels):
+    if written.get(label, 0) == per_class:
+      continue
+    folder = root / f'digit_{label}'
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).convert('RGB').save(
+        folder / f'{written.get(label, 0)}.png')
+    written[label] = written.get(label, 0) + 1
+  return root
+
+
+@pytest.mark.slow  # Two whole runs of B0: CI's slow tier.
+def test_the_race_against_keras_ends_in_its_line(tmp_path):
+  """The bundled digits as a folder, at a tiny size: the Keras example's
+  code at 32 px and this project's defaults, each evaluated each epoch on
+  the same held-out images, end in the one line and comparison.json."""
+  folder = _digits_folder(tmp_path / 'digits', per_class=24)
+  root = tmp_path / 'race'
+  result = run_compare('--against=keras', '--config.dataset=image_folder',
+                       f'--config.train_dir={folder}', '--config.epochs=2',
+                       '--peer_image_size=32', f'--workdir={root}',
+                       timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = result.stdout.strip().splitlines()[-2]  # Then 'written to ...'.
+  assert re.fullmatch(
+      r'race against keras: keras best (0\.\d{4}|1\.0000) at \d+ s \(its run '
+      r'\d+ s\); ours best (0\.\d{4}|1\.0000) at \d+ s, (reached keras\' best '
+      r'at \d+ s \(\d+\.\d\d of its time\)|never reached keras\' best); at '
+      r'\d+ s ours \d\.\d{4}, keras \d\.\d{4} \([+-]\d+\.\d points\)', line), (
+          line)
+  figures = json.loads((root / 'comparison.json').read_text())
+  peer, ours = figures['runs']['keras'], figures['runs']['ours']
+  # Both evaluated each of the 2 epochs, on the same held-out images.
+  assert [epoch for _, epoch, _ in peer['curve']] == [1, 2]
+  assert len(ours['curve']) == 2
+  held_out = sorted(p.name for p in (root / 'split' / 'eval').rglob('*.png'))
+  assert held_out and json.loads((root / 'ours' / 'metrics.json').read_text(
+      ))['eval_examples'] == len(held_out)
+  assert figures['peer_best'] == max(a for _, _, a in peer['curve'])
+  # Ours trained as the data decide: the 8 px digits at 32 px, mirrored
+  # crops (a folder of images is taken for photographs).
+  resolved = json.loads((root / 'ours' / 'run.json').read_text())['resolved']
+  assert (resolved['image_size'], resolved['augment']) == (32, 'inception')

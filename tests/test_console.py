@@ -247,8 +247,8 @@ def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   """The plan lines under README's "What a run does" against a dry run of
   the same command today: equal, but for the time, the workdir, the free
   memory and the versions (the TPU build runs this too). The sample is a
-  CPU's without AMX; on one with AMX the precision line is the one the
-  README gives for it."""
+  CPU's without 16-bit units; on one with them (AMX, AVX-512 BF16) the
+  precision line is the one the README gives for it, naming its units."""
   from conftest import run_train  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'README.md')) as f:
     readme = f.read()
@@ -264,9 +264,10 @@ def test_the_readme_sample_is_what_the_default_run_prints(tmp_path, tfds_dir):
   expected = normal(sample.strip().splitlines())
   assert len(expected) == 10 and expected[0].startswith('Backend: tensorflow')
   from pipeline.rules.speed import precision  # pylint: disable=g-import-not-at-top
-  if precision.cpu_has_amx():
-    amx = re.search(r'the precision line reads `(Precision: [^`]*)`',
-                    ' '.join(readme.split()))
-    assert amx, 'README gives no precision line for a CPU with AMX'
-    expected[3] = amx.group(1)
+  units = precision.cpu_info()[1]
+  if units:
+    line = re.search(r'the precision line reads `(Precision: [^`]*)`',
+                     ' '.join(readme.split()))
+    assert line, 'README gives no precision line for a CPU with 16-bit units'
+    expected[3] = line.group(1).replace('UNITS', ', '.join(units))
   assert normal(result.stderr.splitlines()) == expected

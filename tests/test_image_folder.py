@@ -85,6 +85,29 @@ def test_a_separate_eval_folder(tree, tmp_path):
     sources.load_source(_config(train_dir=str(tree), eval_dir=str(eval_root)))
 
 
+def test_the_data_choose_the_size_from_a_sample_of_headers(tmp_path):
+  """The median shorter side of the sampled images, read from headers:
+  JPEG and PNG alike; a stray file that is no image is not sampled."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  root = tmp_path / 'tree'
+  for index, (width, height, fmt) in enumerate(
+      [(160, 120, 'JPEG'), (90, 300, 'PNG'), (400, 118, 'JPEG'),
+       (122, 122, 'PNG'), (640, 480, 'JPEG')]):
+    folder = root / f'class{index % 2}'
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new('RGB', (width, height), (index * 40, 0, 0)).save(
+        folder / f'{index}.{fmt.lower().replace("jpeg", "jpg")}', fmt)
+  (root / 'class0' / 'notes.txt').write_text('not an image')
+  detail = sources.load_source(_config(train_dir=str(root),
+                                       eval_dir=str(root))).detail()
+  # Shorter sides 120, 90, 118, 122 and 480: the median is 120.
+  assert detail.describe() == 'median shorter side 120 px of 5 training images'
+
+  sizes = models.image_sizes('efficientnet_b0', 0, 0, detail)
+  assert (sizes.train, sizes.eval) == (128, 128)
+  assert sizes.train_from.startswith('the data: median shorter side ')
+
+
 @pytest.mark.parametrize('setup, message', [
     (lambda root: None, "image folder '{root}' does not exist"),
     (lambda root: root.mkdir(), "image folder '{root}' holds no class folders"),
@@ -245,6 +268,37 @@ def test_to_tfrecords_with_the_class_names(tree, tmp_path):
 
 # Two runs of 8 epochs (0.97 both here; the default's 20 added nothing the
 # test checks): the slow tier.
+@pytest.mark.slow  # Minutes of B0 at 224 px: CI's slow tier.
+def test_a_folder_of_photographs_trains_as_it_is(tmp_path):
+  """Several hundred real photographs in class folders (crops of the ones
+  scikit-image and scikit-learn ship, sides of 80-320 px, a stray text
+  file among them), trained with no flag but the source, the folder and
+  a few epochs: the data choose the size (not the digits' 32) and a
+  mirrored augmentation, the stray file is counted, and evaluation is far
+  above chance (a sixth): what the defaults do for such a folder (0.70 and
+  0.96 at 10 and 12 epochs, measured; BUILD_NOTES)."""
+  from photo_folder import write  # pylint: disable=g-import-not-at-top
+  photos = tmp_path / 'photos'
+  write(str(photos), per_class=60)
+  workdir = tmp_path / 'run'
+  result = run_train('--config.dataset=image_folder',
+                     f'--config.train_dir={photos}', '--config.epochs=12',
+                     f'--workdir={workdir}', timeout=1200)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (f'Passed over 1 file(s) in {photos} that are not JPEG, PNG, GIF, '
+          f'BMP or WebP files') in result.stderr
+  resolved = json.loads((workdir / 'run.json').read_text())['resolved']
+  assert resolved['image_size'] == 224 and resolved['augment'] == 'inception'
+  assert ("224 px training (efficientnet_b0's own: tensorflow/tpu's "
+          'EfficientNet recipe; the data hold as much: median shorter side '
+          ) in result.stderr
+  assert ('augment inception (image_folder holds photographs, which may be '
+          'mirrored)') in result.stderr
+  metrics = json.loads((workdir / 'metrics.json').read_text())
+  assert metrics['eval_accuracy'] >= 0.6, metrics['eval_accuracy']
+  assert metrics['learning_warning'] is None
+
+
 @pytest.mark.slow
 def test_tfrecords_from_a_folder_train_to_the_folders_accuracy(tmp_path):
   """Every digit as a file (1,797), trained as a folder and, converted, as

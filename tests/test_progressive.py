@@ -170,11 +170,11 @@ def test_a_run_stopped_in_its_second_stage_resumes_there(tfds_dir, tmp_path):
 @pytest.mark.slow  # Two whole runs: CI's slow tier.
 def test_time_to_accuracy_trains_both_and_ends_in_its_line(tfds_dir, tmp_path):
   from conftest import run_module  # pylint: disable=g-import-not-at-top
-  output, root = tmp_path / 'tta.json', tmp_path / 'runs'
-  command = ('launch.benchmark', '--time_to_accuracy', f'--output={output}',
-             '--num_executions=2', *tiny_args(root, tfds_dir,
-                                              '--config.image_size=64',
-                                              '--config.epochs=4'))
+  root = tmp_path / 'runs'
+  output = root / 'comparison.json'
+  command = ('launch.compare', '--time_to_accuracy',
+             *tiny_args(root, tfds_dir, '--config.image_size=64',
+                        '--config.epochs=4'))
   result = run_module(*command, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   last = result.stdout.strip().splitlines()[-2]  # Then 'written to ...'.
@@ -204,5 +204,5 @@ def test_time_to_accuracy_trains_both_and_ends_in_its_line(tfds_dir, tmp_path):
   assert again.returncode == 1
   assert again.stderr.strip().splitlines()[-1] == (
       f'error: {root}/fixed already holds a run: --time_to_accuracy times '
-      'two fresh runs; give another --workdir (or --output), or remove it')
+      'two fresh runs; give another --workdir, or remove it')
   assert (root / 'fixed' / 'metrics.json').read_bytes() == kept

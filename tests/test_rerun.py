@@ -257,11 +257,31 @@ def test_reruns_of_real_runs(tmp_path, tfds_dir):
   with open(workdir / 'metrics.json') as f:
     assert json.load(f)['train_steps'] == 0
 
+  # A finished run has nothing left to train under a new learning rate:
+  # refused in one line, run.json untouched (it would claim weights the
+  # new rate never trained).
+  before = tree_digest(str(workdir))
+  nothing_left = run_train(*args, f'--workdir={workdir}',
+                           '--config.base_learning_rate=0.05',
+                           '--accept_changes=base_learning_rate', timeout=300)
+  errors = [l for l in nothing_left.stderr.splitlines()
+            if l.startswith('error:')]
+  assert nothing_left.returncode == 1, nothing_left.stderr[-2000:]
+  assert errors == [
+      f"error: workdir '{workdir}' holds a finished run: nothing is left to "
+      'train under base_learning_rate=0.05; use another --workdir for a new '
+      'run, or raise --config.epochs (with --accept_changes=epochs) to train '
+      'this one longer'], nothing_left.stderr[-2000:]
+  assert tree_digest(str(workdir)) == before
+
   extended = _launch(tmp_path, *args, '--config.epochs=3',
                      '--accept_changes=epochs')
   assert extended.returncode == 0, extended.stderr[-3000:]
   assert (f'Accepted: epochs 2 -> 3 extends the finished run in runs/'
-          'efficientnet_tiny_sklearn_digits') in extended.stderr
+          'efficientnet_tiny_sklearn_digits from its last checkpoint, on the '
+          'schedule of a 3-epoch run from there (a cosine or linear rate '
+          "rises again to that run's at this step, then decays to 0 at its "
+          'end)') in extended.stderr
   assert 'Resuming at step 16 of 24' in extended.stderr
   with open(workdir / 'run.json') as f:
     run = json.load(f)
@@ -269,3 +289,27 @@ def test_reruns_of_real_runs(tmp_path, tfds_dir):
           run['accepted_changes']] == [('epochs', 2, 3)]
   with open(workdir / 'metrics.json') as f:
     assert json.load(f)['train_steps'] == 8
+
+
+@pytest.mark.slow  # Two real runs: CI's slow tier.
+def test_a_run_that_stops_before_its_first_step_leaves_no_recipe(tmp_path,
+                                                                 tfds_dir):
+  """init_from=imagenet without the network fails in one line before any
+  step, leaving no run.json: the corrected command in the same workdir
+  trains (it is not refused as a changed recipe)."""
+  workdir = tmp_path / 'run'
+  args = [arg.replace('efficientnet_tiny', 'efficientnet_b0')
+          for arg in tiny_args(workdir, tfds_dir, '--config.epochs=1')]
+  offline = subprocess.run(
+      ['unshare', '--net', sys.executable, '-m', 'launch.train', *args,
+       '--config.init_from=imagenet'], cwd=REPO, capture_output=True,
+      text=True, timeout=600, check=False)
+  assert offline.returncode == 1 and 'Traceback' not in offline.stderr
+  assert offline.stderr.strip().splitlines()[-1].startswith(
+      "error: init_from=imagenet: downloading efficientnet_b0's ImageNet "
+      'weights failed'), offline.stderr[-2000:]
+  assert not (workdir / 'run.json').exists()
+  corrected = run_train(*args, timeout=600)
+  assert corrected.returncode == 0, corrected.stderr[-3000:]
+  with open(workdir / 'run.json') as f:
+    assert json.load(f)['config']['init_from'] == ''

@@ -47,8 +47,8 @@ def slurm(tmp_path_factory):
 
 def _train_args(workdir, tfds_dir, epochs=None):
   """Eight steps an epoch of 32 images (16 a task), `epochs` of them (or
-  as the config says), a checkpoint every execution; float32, the CPU's
-  own (auto would take bfloat16 with AMX); B0's code at a fraction of its
+  as the config says), a checkpoint every execution; float32, whatever a
+  sweep saved on this machine would make auto take; B0's code at a fraction of its
   size (the hosts are tested, not the network)."""
   per_execution = 2 if BACKEND == 'jax' else 4
   return (f'--backend={BACKEND}', '--policy=float32', f'--workdir={workdir}',

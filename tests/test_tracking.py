@@ -138,9 +138,16 @@ def test_mlflow_and_wandb_track_a_run_and_its_resume(mlflow_server, tfds_dir,
   assert [m.step for m in client.get_metric_history(
       ids['mlflow'], 'train/grad_norm')][-1] == total
   artifacts = {a.path for a in client.list_artifacts(ids['mlflow'])}
-  assert {'metrics.json', 'run.json', 'export'} <= artifacts
+  assert {'metrics.json', 'run.json', 'export', 'run.log',
+          'tensorboard'} <= artifacts
   exported = {a.path for a in client.list_artifacts(ids['mlflow'], 'export')}
   assert 'export/saved_model.pb' in exported
+  # The log that ends with the Done line, and the eval curve's events.
+  log = client.download_artifacts(ids['mlflow'], 'run.log',
+                                  str(workdir / 'downloaded'))
+  assert 'Done: eval_accuracy' in open(log).read()
+  assert any(a.path.startswith('tensorboard/eval/events.out.tfevents')
+             for a in client.list_artifacts(ids['mlflow'], 'tensorboard/eval'))
 
   (offline,) = glob.glob(str(workdir / 'wandb' /
                              f'offline-run-*-{ids["wandb"]}'))
@@ -151,8 +158,11 @@ def test_mlflow_and_wandb_track_a_run_and_its_resume(mlflow_server, tfds_dir,
   assert [step for step, _ in evaluated] == evaluations
   assert evaluated[-1][1] == pytest.approx(metrics['eval_accuracy'])
   files = os.path.join(offline, 'files')
-  for name in ('metrics.json', 'run.json', 'export/saved_model.pb'):
+  for name in ('metrics.json', 'run.json', 'export/saved_model.pb',
+               'run.log'):
     assert os.path.exists(os.path.join(files, name)), name
+  assert glob.glob(os.path.join(files, 'tensorboard', 'eval',
+                                'events.out.tfevents.*'))
 
   # Extended by an epoch: the same MLflow run and W&B run go on.
   resumed = run_train(*_args(workdir, tfds_dir,

@@ -17,7 +17,8 @@ import tensorflow as tf
 from pipeline.errors import UserError
 from pipeline.rules.config import request as request_lib
 
-from conftest import REPO, check_exports_agree, check_progress_lines
+from conftest import REPO, check_exports_agree, check_keras_file_trains
+from conftest import check_progress_lines
 from conftest import run_module, run_train
 from conftest import tensorflow_files, tiny_args, tree_digest
 from test_console import ABSL_INFO, NOISE
@@ -105,6 +106,8 @@ def test_export_loads_in_fresh_process(mirrored_run):
       [sys.executable, '-c', script, os.path.join(workdir, 'export')],
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0 and 'ok' in result.stdout, result.stderr[-2000:]
+  # The network in Keras' own format, for a Keras user to train on.
+  check_keras_file_trains(os.path.join(workdir, 'export'))
 
 
 def test_evaluate_reports_the_runs_accuracy(mirrored_run):
@@ -122,8 +125,11 @@ def test_evaluate_reports_the_runs_accuracy(mirrored_run):
   assert f'Exported step 16 to {workdir}/export-again' in result.stdout
   check_exports_agree(os.path.join(workdir, 'export'),
                       os.path.join(workdir, 'export-again'), atol=1e-6)
-  assert 'confusion matrix (rows: true, columns: predicted):' in result.stdout
-  assert 'Precision: mixed_bfloat16' in result.stderr  # The run's policy.
+  assert ("confusion matrix (rows: true, columns: predicted, by the rows' "
+          'numbers):') in result.stdout
+  # The run's policy, and where it came from.
+  assert ("Precision: mixed_bfloat16 (the run's, from its run.json); loss "
+          'scaling off') in result.stderr
   assert not ABSL_INFO.search(result.stderr), result.stderr[-3000:]
   report = json.load(open(os.path.join(workdir, 'evaluation',
                                        'held-out-step16.json')))

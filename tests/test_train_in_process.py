@@ -55,7 +55,7 @@ def _tags(folder):
 
 def _plan(config, workdir, accept_changes=()):
   """float32, the policy the bars below were measured with, whatever this
-  CPU's `auto` picks (mixed_bfloat16 where it has AMX)."""
+  CPU's `auto` picks (a sweep saved here may choose another)."""
   hardware = devices.Hardware(tf.distribute.get_strategy(), 'CPU',
                               detail='host CPU')
   return plan_lib.resolve(

@@ -51,9 +51,14 @@ def run_config(url, staging_dir, overrides):
   # configs/default.py's, unless given here.
   theirs = {key: value for key, value in saved['config'].items()
             if key != 'compile_cache_dir'}
+  resolved = saved['resolved']
+  # What the run chose for the keys its config left open (its sizes, its
+  # augmentation), as it trained: not chosen again from the data.
+  theirs.update({key: resolved[key] for key in
+                 ('image_size', 'eval_image_size', 'augment')
+                 if not theirs.get(key) and resolved.get(key)})
   config = validation.complete(dict(theirs, **overrides),
                                source=f'{url}/run.json')
-  resolved = saved['resolved']
   try:
     written_as = checkpoint_format.of_run(resolved)
   except ValueError as e:
@@ -235,7 +240,9 @@ def plot(report, path):
            f'accuracy {report["accuracy"]:.4f}')
   if len(names) <= _MATRIX_CLASSES:
     matrix = np.asarray(report['confusion_matrix'])
-    figure, axes = plt.subplots(figsize=(1.0 + 0.5 * len(names),) * 2)
+    # Room for the longest name beside and below the matrix.
+    figure, axes = plt.subplots(figsize=(
+        1.5 + 0.5 * len(names) + 0.07 * max(map(len, names)),) * 2)
     axes.imshow(matrix, cmap='Blues')
     for (t, p), count in np.ndenumerate(matrix):
       if count:
@@ -244,6 +251,9 @@ def plot(report, path):
     axes.set(xticks=range(len(names)), yticks=range(len(names)),
              xticklabels=names, yticklabels=names, xlabel='predicted',
              ylabel='true')
+    # Long names slanted, anchored at their ends: they never overlap.
+    plt.setp(axes.get_xticklabels(), rotation=45, ha='right',
+             rotation_mode='anchor')
   else:
     pairs = report['most_confused']
     figure, axes = plt.subplots(figsize=(8, 1.0 + 0.3 * len(pairs)))
@@ -271,11 +281,17 @@ def summary_lines(report):
               if report.get('accuracy_raw') is not None else '')]
   names = report['class_names']
   if len(names) <= _MATRIX_CLASSES:
-    width = max(len(n) for n in names) + 1
-    lines.append('confusion matrix (rows: true, columns: predicted):')
-    lines.append(' ' * width + ''.join(f'{n:>6}' for n in names))
-    for name, row in zip(names, report['confusion_matrix']):
-      lines.append(f'{name:>{width - 1}} ' + ''.join(f'{c:>6}' for c in row))
+    # Columns by number, so long names never run together; rows by name.
+    width = max(len(n) for n in names) + len(str(len(names))) + 3
+    column = max(len(str(len(names))), *(len(str(count)) for row in
+                 report['confusion_matrix'] for count in row)) + 2
+    lines.append('confusion matrix (rows: true, columns: predicted, by the '
+                 'rows\' numbers):')
+    lines.append(' ' * width + ''.join(f'{i:>{column}}'
+                                       for i in range(len(names))))
+    for i, (name, row) in enumerate(zip(names, report['confusion_matrix'])):
+      lines.append(f'{f"{i} {name}":>{width - 1}} '
+                   + ''.join(f'{c:>{column}}' for c in row))
   else:
     lines.append('most confused: ' + ', '.join(
         f'{p["true"]}->{p["predicted"]} ({p["count"]})'

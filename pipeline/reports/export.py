@@ -32,16 +32,18 @@ def export_run(plan, trainer, name='export'):
         trainer.model, plan.workdir, plan.hardware.is_chief,
         metadata(plan), name=name, tflite=config.export_tflite,
         onnx=config.export_onnx, io_device=plan.io_device,
-        backend=plan.backend)
+        backend=plan.backend, keras_model=plain_keras(
+            trainer.model, plan.source.num_classes, config.model))
 
 
 def export_model(model, workdir, is_chief, metadata, name='export',
-                 tflite='', onnx=False, io_device=None, backend=None):
+                 tflite='', onnx=False, io_device=None, backend=None,
+                 keras_model=None):
   """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.
 
   `metadata` (class names, image size, preprocessing) goes beside it as
-  metadata.json, so launch.predict needs nothing but the export, and the
-  network as model.keras (write_keras); with
+  metadata.json, so launch.predict needs nothing but the export, and
+  `keras_model` (plain_keras's) as model.keras; with
   `tflite` ('float32' or 'float16') a LiteRT model.tflite too, with
   `onnx` a model.onnx (write_onnx), each written by the `backend`
   (TensorFlow's where None). Every
@@ -59,7 +61,8 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   if not is_chief:
     tf.io.gfile.rmtree(staging)
     return None
-  write_keras(model, metadata, os.path.join(staging, KERAS))
+  if keras_model:
+    keras_model.save(os.path.join(staging, KERAS))
   if tflite:
     backend.write_tflite(model.get_weights(), metadata,
                          os.path.join(staging, TFLITE), tflite)
@@ -73,15 +76,14 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   return f'{workdir.url}/{name}'
 
 
-def write_keras(model, metadata, path):
-  """model.keras: the trained network in Keras' own format, for a Keras
-  user to `keras.models.load_model` and fit on: a float32 rebuild with
-  keras.applications' layers (readable without this project) that takes
-  uint8 or float images of any size and gives logits, as the model trained
-  (compile it with a loss from_logits=True). Keras' format is the same
-  from either backend."""
-  models.rebuilt(metadata['model'], len(metadata['class_names']),
-                 model.get_weights()).save(path)
+def plain_keras(model, num_classes, name):
+  """What model.keras holds: the trained network `model` (of `name`) for a
+  Keras user to `keras.models.load_model` and fit on: a float32 rebuild
+  with keras.applications' layers (readable without this project) that
+  takes uint8 or float images of any size and gives logits, as the model
+  trained (compile it with a loss from_logits=True). Keras' format is the
+  same from either backend."""
+  return models.rebuilt(name, num_classes, model.get_weights())
 
 
 def write_onnx(backend, model, metadata, staging):
@@ -125,6 +127,7 @@ def metadata(plan):
       # Served at the evaluation size (preprocessing's image_size).
       'train_image_size': plan.image_sizes.train,
       'output': 'float32 class probabilities [batch, num_classes]',
-      'keras': f'{KERAS}: the network (logits out) for keras.models.load_model',
+      'keras_file': f'{KERAS}: the network (logits out) for '
+                    'keras.models.load_model',
       'preprocessing': decode.eval_preprocessing(plan.input),
   }

@@ -23,9 +23,9 @@ def not_learned(confusion, class_names, train_steps, train_examples,
   (() for indices); the rest describes the run that trained it."""
   confusion = np.asarray(confusion, np.float64)
   examples = confusion.sum()
-  if confusion.shape[0] < 2 or not examples:
-    return ''
   truth, predicted = confusion.sum(axis=1), confusion.sum(axis=0)
+  if (truth > 0).sum() < 2:
+    return ''  # Held-out examples of one class: one answer is right.
   accuracy = np.trace(confusion) / examples
   # Chance: always answering the commonest class, and its noise (two
   # standard deviations of an accuracy over this many examples).
@@ -45,11 +45,16 @@ def not_learned(confusion, class_names, train_steps, train_examples,
   if not seen:
     return ''
   return (f'the model has not learned yet: {"; ".join(seen)}, after '
-          f'{train_steps} steps over {train_examples} training examples '
-          f'({steps_per_epoch} steps an epoch); try more steps '
+          f'{_count(train_steps, "step")} over {train_examples} training '
+          f'examples ({_count(steps_per_epoch, "step")} an epoch); try more '
+          'steps '
           '(--config.epochs, or a smaller --config.global_batch_size), a '
           'pretrained start (--config.init_from=imagenet), or another '
           '--config.base_learning_rate')
+
+
+def _count(number, noun):
+  return f'{number} {noun}{"" if number == 1 else "s"}'
 
 
 def flat_probabilities(probabilities, names):

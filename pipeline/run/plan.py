@@ -116,6 +116,11 @@ class Plan:
   def examples_per_epoch(self):
     return self.steps_per_epoch * self.global_batch_size
 
+  @property
+  def eval_every_steps(self):
+    """Steps between evaluations (eval_every_epochs'); 0: at the end only."""
+    return int(round(self.steps_per_epoch * self.config.eval_every_epochs))
+
   def out_of_memory_message(self):
     """One line for an accelerator (or host) that ran out of memory."""
     config, hardware = self.config, self.hardware
@@ -207,13 +212,9 @@ def resolve(config, request, hardware=None):
   chosen = left_open.choose(config, source)
   sizes = chosen.sizes
   # After the sizes: a CPU's measured policy is kept per network and size.
-  resolved_precision = precision.resolve(
-      request.policy, hardware.device_kind, hardware.gpu_compute_capability,
-      _measured(request, hardware, backend,
-                saved_policy.step_of(config.model, sizes.train)),
-      backend.policy)
-  xla, xla_reason = backend.choose_xla(request.xla, hardware,
-                                       resolved_precision.policy)
+  resolved_precision, xla, xla_reason = _precision_and_xla(
+      request, hardware, backend, saved_policy.step_of(config.model,
+                                                       sizes.train))
   steps_per_execution, steps_reason = step_counts.choose_steps_per_execution(
       config.steps_per_execution, hardware.device_kind,
       config.global_batch_size // hardware.num_replicas *
@@ -233,13 +234,8 @@ def resolve(config, request, hardware=None):
     else:
       initial_weights = finetune.check_source(
           tuning, source.class_names, request.staging_dir)
-  input_pipeline, input_reason = input_pipeline_lib.choose(
-      config.input_pipeline, spec, source, hardware.device_kind,
-      input_pipeline_lib.saved_rates(hardware.gpu_name) if hardware.gpu_name else None)
-  cache_kind, cache_reason = (
-      cache_lib.choose(spec, source)
-      if input_pipeline is input_pipeline_lib.Pipeline.TF_DATA else
-      (cache_lib.Kind.NONE, 'DALI decodes every epoch'))
+  input_pipeline, input_reason, cache_kind, cache_reason = _input(
+      config.input_pipeline, spec, source, hardware)
   steps_per_epoch = (step_counts.epoch_steps(config.examples_per_epoch,
                                              source.num_train_examples,
                                              config.global_batch_size)
@@ -274,6 +270,30 @@ def resolve(config, request, hardware=None):
   if placement.cpus_line():
     logging.warning('%s', placement.cpus_line())
   return plan
+
+
+def _precision_and_xla(request, hardware, backend, step):
+  """(the Precision, XLA on?, why) for the request on this hardware and
+  backend; `step` (the network and size) keys a CPU's measured policy."""
+  resolved = precision.resolve(
+      request.policy, hardware.device_kind, hardware.gpu_compute_capability,
+      _measured(request, hardware, backend, step), backend.policy,
+      request.policy_from)
+  return (resolved, *backend.choose_xla(request.xla, hardware,
+                                        resolved.policy))
+
+
+def _input(requested, spec, source, hardware):
+  """(input pipeline, why, cache kind, why) for the config's
+  input_pipeline `requested`: DALI where asked or measured faster on this
+  GPU; tf.data caches what fits."""
+  pipeline, reason = input_pipeline_lib.choose(
+      requested, spec, source, hardware.device_kind,
+      input_pipeline_lib.saved_rates(hardware.gpu_name) if hardware.gpu_name
+      else None)
+  if pipeline is not input_pipeline_lib.Pipeline.TF_DATA:
+    return pipeline, reason, cache_lib.Kind.NONE, 'DALI decodes every epoch'
+  return (pipeline, reason, *cache_lib.choose(spec, source))
 
 
 def find_hardware(request):

@@ -72,8 +72,7 @@ def _train_and_evaluate(plan, extra_actions):
   train_writer, eval_writer = actions.summary_writers(
       workdir, hardware.is_chief, tracking)
   _write_plan_text(plan, train_writer, initial_step)
-  eval_every_steps = int(round(plan.steps_per_epoch *
-                               config.eval_every_epochs))
+  eval_every_steps = plan.eval_every_steps
   progress = progress_lib.ReportProgress(
       trainer, plan, config.log_every_steps, train_writer,
       mixed_labels=plan.input.mixes, eval_every_steps=eval_every_steps)
@@ -134,8 +133,10 @@ def _train_and_evaluate(plan, extra_actions):
     eval_writer.flush()
     workdir.publish('tensorboard')
     workdir.write_json('metrics.json', result)
-  tracking.finish(['metrics.json', 'run.json', 'export', 'export_best'])
   metrics.log_done(result, workdir.url)
+  # After the Done line: the log it uploads ends with it.
+  tracking.finish(['metrics.json', 'run.json', 'export', 'export_best',
+                   console.LOG_FILE, 'tensorboard'])
   return result
 
 
@@ -197,13 +198,15 @@ def run_loop(trainer, batches, plan, initial_step, periodic_actions):
 
   After each, every action gets the Execution: the loop knows nothing of
   logging, checkpoints, evaluation or preemption. An execution ends where a
-  frozen backbone thaws (the trainer switches functions there) and where a
+  frozen backbone thaws (the trainer switches functions there), where a
   stage of progressive learning ends (`batches`, a stages.StagedInput,
-  gives the next stage's input from its first step).
+  gives the next stage's input from its first step) and where an
+  evaluation is due (it then evaluates the weights of its own step).
   """
-  step = initial_step
+  step, every = initial_step, plan.eval_every_steps
   while step < plan.total_steps:
-    end = min(step + plan.steps_per_execution, batches.end_of_stage(step))
+    end = min(step + plan.steps_per_execution, batches.end_of_stage(step),
+              (step // every + 1) * every if every else plan.total_steps)
     if step < plan.frozen_steps:
       end = min(end, plan.frozen_steps)
     num_steps = end - step

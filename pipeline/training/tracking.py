@@ -4,7 +4,8 @@
 trackers; none by default. The chief alone tracks. Each tracker gets the
 resolved plan and the config as the run's parameters, every scalar
 TensorBoard gets (as 'train/loss', 'eval/accuracy', ...) at its step, and
-at the end metrics.json, run.json and the export as artifacts. Its run's
+at the end metrics.json, run.json, the export, run.log and the TensorBoard
+events as artifacts. Its run's
 id is kept in the workdir (tracking.json), so a resumed run goes on in the
 same tracked run. Tracking never stops training: a tracker that fails to
 start is one line and is dropped; a failed log is one line the first time.

@@ -26,6 +26,7 @@ from pipeline.data.sources import image_folder
 from pipeline.data.sources import tfds_set
 from pipeline.data.sources import tfrecord
 from pipeline.data.sources.source import DataSource  # pylint: disable=unused-import
+from pipeline.data.sources.source import ListedImages  # pylint: disable=unused-import
 from pipeline.data.sources.source import Source  # pylint: disable=unused-import
 from pipeline.data.sources.source import UnknownSet
 from pipeline.errors import UserError

@@ -29,13 +29,14 @@ def main(train_dir, eval_dir, epochs, image_size, output):
   evaluation = keras.utils.image_dataset_from_directory(
       eval_dir, image_size=size, batch_size=32, label_mode='categorical',
       shuffle=False)
+  num_classes = len(train.class_names)
   augment = keras.Sequential([keras.layers.RandomFlip('horizontal'),
                               keras.layers.RandomRotation(0.15)])
   train = train.map(lambda images, labels: (augment(images), labels),
                     num_parallel_calls=tf.data.AUTOTUNE).prefetch(
                         tf.data.AUTOTUNE)
   model = keras.applications.EfficientNetB0(
-      weights=None, classes=len(train.class_names), input_shape=(*size, 3))
+      weights=None, classes=num_classes, input_shape=(*size, 3))
   model.compile(optimizer=keras.optimizers.Adam(1e-3),
                 loss='categorical_crossentropy', metrics=['accuracy'])
   curve = []

@@ -16,6 +16,7 @@ class Request:
   accept_changes: tuple = ()
   staging_dir: str = '/tmp/pipeline-staging'  # Local copy of a gs:// workdir.
   policy: str = 'auto'
+  policy_from: str = '--policy'  # Where a policy other than auto came from.
   xla: str = 'auto'
   tpu: str = ''
   tpu_zone: Optional[str] = None

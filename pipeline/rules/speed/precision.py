@@ -52,16 +52,12 @@ def cpu_info(cpuinfo_path='/proc/cpuinfo'):
           tuple(flag for flag in CPU_SIXTEEN_BIT_FLAGS if flag in flags))
 
 
-def cpu_has_amx(cpuinfo_path='/proc/cpuinfo'):
-  """True if the host CPU has AMX bfloat16 tiles (Sapphire Rapids and newer)."""
-  return 'amx_bf16' in cpu_info(cpuinfo_path)[1]
-
-
 def choose_policy(requested, device_kind, gpu_compute_capability=None,
-                  cpu_units=()):
+                  cpu_units=(), requested_from='--policy'):
   """Returns (policy name, reason) for `requested` on this hardware;
   `cpu_units`: the host CPU's 16-bit units (cpu_info), which alone never
-  choose 16 bits (a measurement does: resolve's `measured`)."""
+  choose 16 bits (a measurement does: resolve's `measured`);
+  `requested_from`: where a named policy came from, for its reason."""
   if requested not in POLICIES:
     raise UserError(f'unknown policy {requested!r}; accepted: '
                     f'{", ".join(POLICIES)}')
@@ -74,7 +70,8 @@ def choose_policy(requested, device_kind, gpu_compute_capability=None,
                     'computes in bfloat16; use --policy=mixed_bfloat16 '
                     '(or auto)')
   if requested != 'auto':
-    return requested, 'asked for with --policy'
+    return requested, (f'asked for with {requested_from}'
+                       if requested_from.startswith('--') else requested_from)
   if device_kind == 'TPU':
     return 'mixed_bfloat16', 'TPU matrix units compute in bfloat16'
   if device_kind == 'GPU':
@@ -128,14 +125,15 @@ class Precision:
 
 
 def resolve(requested, device_kind, gpu_compute_capability=None,
-            measured=None, on_backend=None):
+            measured=None, on_backend=None, requested_from='--policy'):
   """The Precision for --policy=`requested` on this hardware, or UserError.
   `measured`: (policy, reason) saved for this GPU, or this CPU, network
   and size (saved_policy.py), which `auto` takes over the rule;
   `on_backend(requested, policy, reason)`: the backend's adjustment
   (Backend.policy)."""
   policy, reason = choose_policy(requested, device_kind,
-                                 gpu_compute_capability, cpu_info()[1])
+                                 gpu_compute_capability, cpu_info()[1],
+                                 requested_from)
   if requested == 'auto' and measured:
     policy, reason = measured
   if on_backend:

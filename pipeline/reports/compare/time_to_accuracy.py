@@ -24,6 +24,13 @@ from pipeline.errors import UserError
 LABELS = ('fixed', 'progressive')
 
 
+def stage_count(progressive_stages, recipe_count):
+  """The progressive run's stages: `progressive_stages` where it names 2
+  or more, else the network's recipe's `recipe_count`, else 2."""
+  return (progressive_stages if progressive_stages > 1 else
+          max(recipe_count, 2))
+
+
 def measure(train_args, stages, root):
   """Both runs of `train_args` (launch.train's flags; a --workdir among
   them is overridden) in `root`/fixed and `root`/progressive (`stages`
@@ -61,7 +68,7 @@ def _check_fresh(root):
     if tf.io.gfile.exists(workdir) and tf.io.gfile.listdir(workdir):
       raise UserError(
           f'{workdir} already holds a run: --time_to_accuracy times two '
-          'fresh runs; give another --workdir (or --output), or remove it')
+          'fresh runs; give another --workdir, or remove it')
 
 
 def eval_curve(workdir, started):
@@ -78,15 +85,16 @@ def eval_curve(workdir, started):
   return sorted(points)
 
 
-def _reached(curve, target):
+def reached(curve, target):
+  """The seconds of the first evaluation at `target` or above (None: none)."""
   return next((seconds for seconds, _, accuracy in curve
                if accuracy >= target), None)
 
 
 def _verdict(runs):
   target = runs['fixed']['final_accuracy']
-  fixed_s = _reached(runs['fixed']['curve'], target)
-  progressive_s = _reached(runs['progressive']['curve'], target)
+  fixed_s = reached(runs['fixed']['curve'], target)
+  progressive_s = reached(runs['progressive']['curve'], target)
   final = runs['progressive']['final_accuracy']
   if progressive_s is None:
     line = (f'time to accuracy: progressive never reached {target:.4f} '
