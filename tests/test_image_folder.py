@@ -276,7 +276,7 @@ def test_a_folder_of_photographs_trains_as_it_is(tmp_path):
   a few epochs: the data choose the size (not the digits' 32) and a
   mirrored augmentation, the stray file is counted, and evaluation is far
   above chance (a sixth): what the defaults do for such a folder (0.70 and
-  0.96 at 10 and 12 epochs, measured; BUILD_NOTES)."""
+  0.96 at 10 and 12 epochs, measured: BUILD_NOTES)."""
   from photo_folder import write  # pylint: disable=g-import-not-at-top
   photos = tmp_path / 'photos'
   write(str(photos), per_class=60)

@@ -317,6 +317,58 @@ def _take_config(text):
                            node.args.kwonlyargs}]
 
 
+def _writes_into_a_config(text):
+  """The lines of `text` that assign to a config's field (config.x = ...,
+  config[k] = ..., config.update(...), setattr(config, ...)): a name or
+  attribute called config, or plan.config; not JAX's own jax.config."""
+  def is_config(node):
+    return ((isinstance(node, ast.Name) and node.id == 'config') or
+            (isinstance(node, ast.Attribute) and node.attr == 'config' and
+             not (isinstance(node.value, ast.Name) and node.value.id == 'jax')))
+  found = []
+  for node in ast.walk(ast.parse(text)):
+    targets = (node.targets if isinstance(node, ast.Assign) else
+               [node.target] if isinstance(node, (ast.AugAssign,
+                                                  ast.AnnAssign)) else [])
+    for target in targets:
+      for each in (target.elts if isinstance(target, ast.Tuple)
+                   else [target]):
+        if (isinstance(each, (ast.Attribute, ast.Subscript)) and
+            is_config(each.value)):
+          found.append(node.lineno)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ('update', 'unlock') and
+        is_config(node.func.value)) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == 'setattr' and node.args and
+            is_config(node.args[0])):
+      found.append(node.lineno)
+  return sorted(set(found))
+
+
+def test_no_module_of_the_pipeline_writes_into_a_config():
+  """The plan is the one resolved truth: what a config leaves open is the
+  plan's field, and the config stays as given (validation builds one
+  whole, from the defaults and the given values)."""
+  writes = [f'{module}:{line}' for module, path in sorted(MODULES.items())
+            if module.startswith('pipeline')
+            for line in _writes_into_a_config(open(path,
+                                                   encoding='utf-8').read())]
+  assert not writes
+
+
+def test_the_write_check_finds_each_form():
+  assert _writes_into_a_config(
+      'config.image_size = 1\n'
+      'config["augment"] = 2\n'
+      'plan.config.epochs += 1\n'
+      'config.image_size, config.eval_image_size = 1, 2\n'
+      'config.update(epochs=1)\n'
+      'setattr(config, "seed", 1)\n'
+      'jax.config.update("x", 1)\n'
+      'other.image_size = 3\n') == [1, 2, 3, 4, 5, 6]
+
+
 def test_few_functions_take_the_whole_config():
   taking = [f'{module}: {name}' for module, path in sorted(MODULES.items())
             for name in _take_config(open(path, encoding='utf-8').read())]

@@ -99,3 +99,22 @@ def test_the_jax_tpu_requirements_resolve_as_pinned(python):
       assert resolved[name.split('[')[0]] == pins[name], name
   assert python == '3.11' or pins['jax[tpu]'] == '0.11.2'
   assert 'tensorflow' not in resolved  # Only the CPU build.
+
+
+def test_the_tracking_requirements_change_nothing_requirements_txt_resolves(
+    tmp_path):
+  """requirements-tracking.txt installed beside requirements.txt (pip
+  install -r requirements-tracking.txt into the training environment)
+  downgrades nothing: every package requirements.txt resolves to resolves
+  to the same version with the trackers added."""
+  both = tmp_path / 'both.txt'
+  both.write_text(f'-r {os.path.join(REPO, "requirements.txt")}\n'
+                  f'-r {os.path.join(REPO, "requirements-tracking.txt")}\n')
+  alone = _compile(os.path.join(REPO, 'requirements.txt'), '3.11',
+                   'x86_64-manylinux_2_28')
+  together = _compile(str(both), '3.11', 'x86_64-manylinux_2_28')
+  assert len(alone) > 50 and {'mlflow', 'wandb'} <= set(together)
+  changed = {name: (version, together.get(name))
+             for name, version in alone.items()
+             if together.get(name) != version}
+  assert not changed

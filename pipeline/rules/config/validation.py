@@ -13,6 +13,8 @@ workdir) happen where those are opened, in pipeline/run/plan.py.
 import importlib.util
 import re
 
+import ml_collections
+
 from configs import default
 from pipeline.errors import UserError
 
@@ -29,21 +31,33 @@ def complete(values, source='the config'):
   A key that configs/default.py does not have is a one-line UserError
   naming `source`: a typo there would otherwise be silently ignored.
   """
-  config = default.get_config()
+  defaults = default.get_config().to_dict()
   values = values.to_dict() if hasattr(values, 'to_dict') else dict(values)
-  unknown = sorted(set(values) - set(config))
+  unknown = sorted(set(values) - set(defaults))
   if unknown:
     raise UserError(f'unknown config key {unknown[0]!r} in {source}; the keys '
                     'are the fields of configs/default.py')
   for key, value in values.items():
-    try:
-      config[key] = value  # An int where the default is a float is fine.
-    except TypeError:
+    if not _same_type(value, defaults[key]):
       raise UserError(
           f'config key {key!r} in {source} is {value!r} '
           f'({type(value).__name__}); configs/default.py has '
-          f'{config[key]!r} ({type(config[key]).__name__})') from None
-  return config
+          f'{defaults[key]!r} ({type(defaults[key]).__name__})')
+  # Built whole, a float key's int made a float as ConfigDict would.
+  return ml_collections.ConfigDict(
+      {key: float(values[key]) if isinstance(defaults[key], float) and
+       key in values else values.get(key, defaults[key])
+       for key in defaults})
+
+
+def _same_type(value, default_value):
+  """Whether `value` may stand for a key whose default is `default_value`
+  (an int for a float, as ConfigDict takes it)."""
+  if isinstance(default_value, bool) or isinstance(value, bool):
+    return type(value) is type(default_value)
+  if isinstance(default_value, float):
+    return isinstance(value, (int, float))
+  return isinstance(value, type(default_value))
 
 
 def profile_window(text):
