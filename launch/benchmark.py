@@ -16,6 +16,10 @@
   python -m launch.benchmark --policies=mixed_bfloat16 --split_gpus=2 \
       --save_policy
 
+  # Where a step's time goes in each policy, by kind of layer:
+  python -m launch.benchmark --policies=float32,mixed_bfloat16 \
+      --xla_settings=off --layer_times --config.image_size=128
+
   # The same model on each Keras backend, side by side (JAX environment).
   python -m launch.benchmark --backends=tensorflow,jax --num_executions=3
 
@@ -37,6 +41,7 @@ from absl import flags
 from launch import cli
 from pipeline import backends
 from pipeline.reports import benchmark
+from pipeline.reports.benchmark import layer_times
 from pipeline.reports.benchmark import tables as benchmark_tables
 from pipeline.data import dali
 from pipeline.data import input_pipeline as input_pipeline_lib
@@ -67,6 +72,10 @@ _SAVE_POLICY = flags.DEFINE_bool(
     '--backend=auto takes them (pipeline/rules/speed/measured.py). With --input_only on TFRecord files: '
     'keep tf.data\'s and DALI\'s images/s, so --config.input_pipeline=auto '
     'takes the faster (pipeline/data/dali.py).')
+_LAYER_TIMES = flags.DEFINE_bool(
+    'layer_times', False, "With --policies: also profile each pair's step "
+    'and print its time by kind of layer (depthwise and 1x1 convolutions, '
+    'batch norm, squeeze-excite, casts, ...), a column a policy.')
 _XLA_SETTINGS = flags.DEFINE_list(
     'xla_settings', ['off', 'on'], 'With --policies: the XLA settings to try '
     '(off, on).')
@@ -125,8 +134,11 @@ def _sweep(config, request):
     raise UserError('--save_policy keeps a policy for a GPU model or a CPU; '
                     f'this machine trains on {hardware.device_kind}')
   result = benchmark.sweep(config, request, _POLICIES.value,
-                           _XLA_SETTINGS.value, _EXECUTIONS.value, hardware)
+                           _XLA_SETTINGS.value, _EXECUTIONS.value, hardware,
+                           profile_layers=_LAYER_TIMES.value)
   text = benchmark_tables.sweep_table(result)
+  if _LAYER_TIMES.value:
+    text += '\n' + layer_times.table(result['rows'])
   if _SAVE_POLICY.value:
     text += '\n' + saved_measurements.save_sweep(result)
   return result, text

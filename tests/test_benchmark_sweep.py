@@ -87,3 +87,41 @@ def test_a_cpu_sweep_is_kept_for_this_cpu_network_and_size(tfds_dir,
   assert planned.returncode == 0, planned.stderr[-3000:]
   assert ('Precision: float32 (your sweep saved for this CPU, network, size '
           'and software: ') in planned.stderr
+
+
+def test_operations_are_classed_by_their_layer():
+  from pipeline.reports.benchmark import layer_times  # pylint: disable=g-import-not-at-top
+  prefix = 'while/body/_1/gradient_tape/efficientnet_b0_1/efficientnetb0/'
+  assert [layer_times.kind_of(op_type, prefix + name) for op_type, name in (
+      ('_MklNativeDepthwiseConv2dNativeBackpropFilter',
+       'block2a_dwconv/depthwise'),
+      ('_MklMatMul', 'block2a_se_reduce/MatMul'),
+      ('Sub', 'block2a_bn/sub_1'),
+      ('_MklNativeConv2D', 'block2a_expand_conv/convolution'),
+      ('_MklNativeConv2D', 'top_conv/convolution'),
+      ('Cast', 'block2a_bn/Cast'),
+      ('RealDiv', 'adam_w/truediv_495'),
+      ('AddV2', 'block2a_add/add'))] == [
+          'depthwise conv', 'squeeze-excite', 'batch norm', '1x1 conv',
+          '1x1 conv', 'casts', 'optimizer', 'other']
+
+
+@pytest.mark.slow  # Two policies profiled: CI's slow tier.
+def test_the_sweep_profiles_each_policys_step_by_kind_of_layer(tfds_dir,
+                                                                tmp_path):
+  """--layer_times: a column a policy of a real profile's times, every
+  kind of layer B0 has measured, the casts in the 16-bit column only."""
+  output = tmp_path / 'sweep.json'
+  result = run_module('launch.benchmark', '--policies=float32,mixed_bfloat16',
+                      '--xla_settings=off', '--layer_times',
+                      f'--output={output}', f'--config.data_dir={tfds_dir}',
+                      *_TINY)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ('ms a step by kind of layer (profiled; ratio: last / first)' in
+          result.stdout), result.stdout[-2000:]
+  rows = json.loads(output.read_text())['rows']
+  float32, bfloat16 = (row['layer_ms_per_step'] for row in rows)
+  for kind in ('depthwise conv', 'squeeze-excite', 'batch norm', '1x1 conv',
+               'optimizer'):
+    assert float32[kind] > 0 and bfloat16[kind] > 0, kind
+  assert float32['casts'] == 0 and bfloat16['casts'] > 0

@@ -5,7 +5,9 @@ lowered through Triton for an H200 (what a GPU compiles, short of running
 it); and the forms in a network, Keras' variables kept. JAX only: CI runs
 it in the probe's environment, as a lent GPU machine has it."""
 
+import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -194,3 +196,52 @@ def test_a_cpu_leaves_the_pallas_form_to_xla_unless_asked(monkeypatch):
   monkeypatch.setenv(depthwise_pallas.INTERPRET_VARIABLE, '1')
   assert depthwise_pallas.pallas_route() == 'interpret'
   assert os.environ[depthwise_pallas.INTERPRET_VARIABLE] == '1'
+
+
+def test_pallas_call_is_given_tritons_parameters(monkeypatch):
+  """Named, so every jax the project accepts lowers the kernels through
+  Triton (jax 0.9.0-0.11.0 took Mosaic GPU without them)."""
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+  given = []
+  real = depthwise_pallas.pl.pallas_call
+
+  def recorded(*args, **kwargs):
+    given.append(kwargs.get('compiler_params'))
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(depthwise_pallas.pl, 'pallas_call', recorded)
+  x = jnp.ones((1, 6, 6, 8), jnp.float32)
+  w = jnp.ones((3, 3, 8), jnp.float32)
+  y, vjp = jax.vjp(lambda x, w: depthwise_pallas.pallas_depthwise(
+      x, w, (1, 1), ((1, 1), (1, 1)), True), x, w)
+  vjp(y)
+  assert len(given) == 3 and all(
+      isinstance(p, plgpu.CompilerParams) and (p.num_warps, p.num_stages) ==
+      (4, 3) for p in given), given
+
+
+def _large_constants(text, elements=1024):
+  """The tensor types of constants in lowered StableHLO `text` that hold
+  `elements` or more values."""
+  found = []
+  for shape in re.findall(r'stablehlo\.constant dense[^:]*: tensor<([\dx]+)x',
+                          text):
+    if math.prod(int(n) for n in shape.split('x')) >= elements:
+      found.append(shape)
+  return found
+
+
+def test_the_kernel_checks_pass_their_arrays_as_arguments():
+  """The probe's gradient programs lower with no large constant: a closed-
+  over input would be a copy of it in every compile (up to 617 MB)."""
+  from pipeline.probe import depthwise_check  # pylint: disable=g-import-not-at-top
+  x, w, strides, padding = depthwise_check._inputs(  # pylint: disable=protected-access
+      2, (16, 16, 32, 3, 1), jnp.float32)
+  programs = depthwise_check.gradient_programs(x, w, strides, padding,
+                                               interpret=True)
+  assert len(programs) == 2 + len(depthwise_check.DATA_GRADIENT_TILES) + len(
+      depthwise_check.FILTER_GRADIENT_TILES)
+  for name, (program, args) in programs.items():
+    assert not _large_constants(program.lower(*args).as_text()), name
+  # The check finds an input closed over, as the programs had it.
+  assert _large_constants(jax.jit(lambda dy: dy + x).lower(x).as_text())

@@ -87,33 +87,48 @@ def check(batch, shape, dtype, interpret, repeats):
           'relative_error': errors, **times}
 
 
+def gradient_programs(x, w, strides, padding, interpret=False):
+  """{name: (jitted function, its arguments)} of each gradient alone:
+  XLA's, and the kernels' under each tile tried. Every array is an
+  argument: one a program closed over would be lowered into it as a
+  constant (jax 0.11.2's default), a copy of up to 617 MB in each of ~24
+  compiles."""
+  g = depthwise_pallas.Geometry.of(x.shape, w.shape[:2], strides, padding)
+  y = depthwise_xla.xla_depthwise(x, w, strides, padding)
+  convolve = lambda x_, w_: depthwise_xla.xla_depthwise(x_, w_, strides,
+                                                        padding)
+  programs = {
+      'xla_data_gradient': (jax.jit(lambda dy, x_, w_: jax.vjp(
+          lambda a: convolve(a, w_), x_)[1](dy)), (y, x, w)),
+      'xla_filter_gradient': (jax.jit(lambda dy, x_, w_: jax.vjp(
+          lambda b: convolve(x_, b), w_)[1](dy)), (y, x, w))}
+  for elements, channels in DATA_GRADIENT_TILES:
+    programs[f'data_gradient/{elements}/{channels}'] = (jax.jit(
+        lambda dy, w_, e=elements, c=channels: depthwise_pallas.data_gradient(
+            dy, w_, g, x.dtype, interpret, e, c)), (y, w))
+  for accumulated, channels, count, reduce_each in FILTER_GRADIENT_TILES:
+    programs[f'filter_gradient/{accumulated}/{channels}/{count}/'
+             f'{int(reduce_each)}'] = (jax.jit(
+                 lambda x_, dy, a=accumulated, c=channels, n=count,
+                 r=reduce_each: depthwise_pallas.filter_gradient(
+                     x_, dy, g, interpret, a, c, n, r)), (x, y))
+  return programs
+
+
 def tiles(batch, shape, dtype, repeats):
   """Each gradient alone, XLA's and the kernels' under each tile tried:
   milliseconds a call."""
   x, w, strides, padding = _inputs(batch, shape, dtype)
-  g = depthwise_pallas.Geometry.of(x.shape, w.shape[:2], strides, padding)
-  y = depthwise_xla.xla_depthwise(x, w, strides, padding)
-  _, data_vjp = jax.vjp(lambda x_: depthwise_xla.xla_depthwise(
-      x_, w, strides, padding), x)
-  _, filter_vjp = jax.vjp(lambda w_: depthwise_xla.xla_depthwise(
-      x, w_, strides, padding), w)
   row = {'shape': list(shape), 'dtype': jnp.dtype(dtype).name,
-         'xla_data_gradient_ms': _timed_ms(jax.jit(data_vjp), y,
-                                           repeats=repeats),
-         'xla_filter_gradient_ms': _timed_ms(jax.jit(filter_vjp), y,
-                                             repeats=repeats),
          'data_gradient_ms': {}, 'filter_gradient_ms': {}}
-  for elements, channels in DATA_GRADIENT_TILES:
-    row['data_gradient_ms'][f'{elements}/{channels}'] = _timed_ms(
-        jax.jit(lambda dy: depthwise_pallas.data_gradient(
-            dy, w, g, x.dtype, False, elements, channels)), y,
-        repeats=repeats)
-  for accumulated, channels, programs, reduce_each in FILTER_GRADIENT_TILES:
-    row['filter_gradient_ms'][
-        f'{accumulated}/{channels}/{programs}/{int(reduce_each)}'] = (
-            _timed_ms(jax.jit(lambda dy: depthwise_pallas.filter_gradient(
-                x, dy, g, False, accumulated, channels, programs,
-                reduce_each)), y, repeats=repeats))
+  for name, (program, args) in gradient_programs(x, w, strides,
+                                                 padding).items():
+    ms = _timed_ms(program, *args, repeats=repeats)
+    if name.startswith('xla_'):
+      row[f'{name}_ms'] = ms
+    else:
+      kind, tile = name.split('/', 1)
+      row[f'{kind}_ms'][tile] = ms
   return row
 
 

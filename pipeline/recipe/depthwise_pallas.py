@@ -251,10 +251,16 @@ def _depthwise_filter_gradient_kernel(x_ref, dy_ref, partial_ref, *, g,
                 mask=channel_vector < g.channels)
 
 
+# Triton's parameters, named: without them jax 0.9.0-0.11.0 send a
+# pallas_call to Mosaic GPU, which cannot lower these kernels' masked
+# loads; 0.11.2 picks Triton. Triton's own defaults.
+TRITON_PARAMS = plgpu.CompilerParams(num_warps=4, num_stages=3)
+
+
 def _call(kernel, grid, out_shape, interpret, **params):
   return pl.pallas_call(functools.partial(kernel, **params),
                         out_shape=out_shape, grid=(grid,),
-                        interpret=interpret)
+                        interpret=interpret, compiler_params=TRITON_PARAMS)
 
 
 def forward(x, w, g, interpret, elements=_TILE, most_channels=_CHANNELS):

@@ -148,6 +148,18 @@ class ShiftedDepthwiseConv2D(keras.layers.DepthwiseConv2D):
     return self.activation(outputs) if self.activation else outputs
 
 
+class Float32DepthwiseConv2D(keras.layers.DepthwiseConv2D):
+  """keras.layers.DepthwiseConv2D computing in float32 under every policy
+  (its inputs cast up, its outputs left in float32 for the next layer to
+  cast down): for a CPU whose oneDNN runs the depthwise convolution and its
+  filter gradient slowly in bfloat16 (4.2x float32's time on an AVX-512
+  BF16 CPU without AMX) while the 1x1 convolutions gain. Same variables."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs['dtype'] = 'float32'
+    super().__init__(*args, **kwargs)
+
+
 class _DirectDepthwiseConv2D(keras.layers.DepthwiseConv2D):
   """keras.layers.DepthwiseConv2D whose plain case (channels last, one
   filter a channel, no dilation) runs `_convolve`; Keras' own code
@@ -224,6 +236,7 @@ def _same(size, kernel, stride):
 for _layer, _keras_name in ((OnePassBatchNormalization, 'BatchNormalization'),
                             (Conv1x1AsMatmul, 'Conv2D'),
                             (ShiftedDepthwiseConv2D, 'DepthwiseConv2D'),
+                            (Float32DepthwiseConv2D, 'DepthwiseConv2D'),
                             (PallasDepthwiseConv2D, 'DepthwiseConv2D'),
                             (PallasForwardDepthwiseConv2D, 'DepthwiseConv2D'),
                             (StackedGradDepthwiseConv2D, 'DepthwiseConv2D')):
@@ -263,6 +276,10 @@ DEPTHWISES.register(Form(
     'shifted', 'for CPUs: a sum of shifted slices times per-channel weights '
     "(XLA:CPU's own depthwise gradient is slow: 4.7x faster there; on an "
     "H200 0.80 of cuDNN's, the taps unfused)", ShiftedDepthwiseConv2D))
+DEPTHWISES.register(Form(
+    'float32', "Keras' own, computing in float32 under a 16-bit policy "
+    '(for CPUs whose oneDNN runs depthwise slowly in bfloat16)',
+    Float32DepthwiseConv2D))
 DEPTHWISES.register(Form(
     'pallas', 'a direct kernel in Pallas on GPUs (forward and both '
     "gradients), XLA's convolution elsewhere; JAX only",

@@ -28,6 +28,7 @@ from pipeline.data import inputs
 from pipeline.run import plan as plan_lib
 from pipeline.rules.machine import peaks
 from pipeline.reports import reference_input
+from pipeline.reports.benchmark import layer_times
 from pipeline.errors import UserError
 
 _ROUNDS = 3  # Of ours against the reference.
@@ -256,13 +257,14 @@ def xla_settings(hardware):
 
 
 def sweep(config, request, policies, xla=('off', 'on'), executions=3,
-          hardware=None):
+          hardware=None, profile_layers=False):
   """Trains a few executions on a synthetic batch for every valid (policy,
   XLA) pair: rows of images/s and compile time, or why a pair was skipped.
 
   For deciding on new hardware in minutes: no accuracy (launch.compare
   trains to accuracy). The hardware is found once (unless given), for all
-  pairs.
+  pairs. `profile_layers`: each pair's step also profiled for two
+  executions, its time by kind of layer (layer_times.py).
   """
   hardware = hardware or plan_lib.find_hardware(request)
   rows, image_size = [], config.image_size
@@ -287,6 +289,13 @@ def sweep(config, request, policies, xla=('off', 'on'), executions=3,
       compile_s, rate, _ = _synthetic_throughput(run_plan, trainer,
                                                  executions)
       row.update(images_per_sec=rate, compile_s=compile_s)
+      if profile_layers:
+        logging.info('Profiling %s, XLA %s: its time by kind of layer',
+                     policy, setting)
+        row['layer_ms_per_step'] = layer_times.measure(
+            trainer, iter(run_plan.backend.repeated(
+                run_plan.hardware, *_synthetic_batch(run_plan))),
+            run_plan.steps_per_execution, 2, run_plan.backend.profiler())
   measured = [r for r in rows if 'images_per_sec' in r]
   fastest = max(measured, key=lambda r: r['images_per_sec'], default=None)
   float32 = [r['images_per_sec'] for r in measured if r['policy'] == 'float32']
