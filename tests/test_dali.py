@@ -331,10 +331,12 @@ def digits_dir(tmp_path_factory, tfds_dir):
 
 
 def _flags(root, workdir, *extra):
+  # The files hold digits: shifts, not the mirrored crops TFRecord files
+  # of photographs take when augment is left open.
   return ('--backend=tensorflow', f'--workdir={workdir}',
           '--config.dataset=tfrecord', f'--config.train_files={root}/train-*',
           f'--config.eval_files={root}/eval-*', '--config.num_classes=10',
-          *extra)
+          '--config.augment=translate', *extra)
 
 
 _TENSORFLOW = {'KERAS_BACKEND': 'tensorflow'}

@@ -41,10 +41,12 @@ class _Stop(Exception):
 
 def _config(tfds_dir, **fields):
   config = default.get_config()
+  # Digits, in tfds or in TFRecord files: shifts, not a photograph's
+  # mirrored crops.
   config.update(data_dir=tfds_dir, train_split='train[:128]',
                 eval_split='test[:64]', global_batch_size=32,
                 steps_per_execution=2, log_every_steps=2, eval_every_epochs=0,
-                checkpoint_every_steps=2, model=NETWORK)
+                checkpoint_every_steps=2, model=NETWORK, augment='translate')
   config.update(fields)
   return config
 

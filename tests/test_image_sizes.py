@@ -181,7 +181,8 @@ def test_a_run_evaluates_and_exports_at_its_evaluation_size(tfds_dir,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   make_tree(tmp_path / "tree", per_class=40, scale=8)
-  extra = ('--config.eval_image_size=48', '--config.export=true',
+  extra = ('--config.image_size=32', '--config.eval_image_size=48',
+           '--config.export=true',
            '--config.dataset=image_folder',
            f'--config.train_dir={tmp_path / "tree"}')
   args = (jax_args(workdir, tfds_dir, *extra) if ON_JAX else

@@ -40,7 +40,8 @@ class StagedInput:
       spec = spec.at_stage(stage.image_size, stage.randaugment_magnitude,
                            stage.mixup_alpha)
       models.set_head_dropout(self.trainer.model, stage.dropout_rate)
-      logging.info('Progressive learning, %s%s', stage.describe(count),
+      logging.info('Progressive learning, %s%s', stage.describe(
+          count, spec.augmentation.randaugment),
                    f' (resumed at step {step})' if step > stage.first_step
                    else '')
     job = self.service_job + (f':stage{stage.index}' if count > 1 else '')
