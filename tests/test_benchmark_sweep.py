@@ -124,4 +124,5 @@ def test_the_sweep_profiles_each_policys_step_by_kind_of_layer(tfds_dir,
   for kind in ('depthwise conv', 'squeeze-excite', 'batch norm', '1x1 conv',
                'optimizer'):
     assert float32[kind] > 0 and bfloat16[kind] > 0, kind
-  assert float32['casts'] == 0 and bfloat16['casts'] > 0
+  # The images' cast to float runs in both; 16 bits cast at every layer.
+  assert bfloat16['casts'] > 10 * float32['casts'] > 0

@@ -84,6 +84,7 @@ def _load(settings, prepare):
   """The tensorflow-datasets set `settings.dataset` names, prepared; where
   it is not prepared and not `prepare` (a dry run), what its registered
   builder says of it, nothing downloaded or written."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from pipeline.data.sources.tfds_set import sklearn_digits  # pylint: disable=g-import-not-at-top,unused-import  (registers the builders)
   try:
@@ -91,7 +92,9 @@ def _load(settings, prepare):
                            data_dir=settings.data_dir or None)
   except tfds.core.registered.DatasetNotFoundError:
     raise UnknownSet(settings.dataset) from None
-  prepared = builder.is_prepared()
+  # Its info file, looked up: tfds' is_prepared() warns where it is not.
+  prepared = tf.io.gfile.exists(os.path.join(builder.data_dir,
+                                             'dataset_info.json'))
   if not prepared and prepare:
     _check_manual_files(builder)
     try:
@@ -139,7 +142,7 @@ def _load(settings, prepare):
     return detail_lib.of_encoded(
         (example['image'] for example in
          records.take(detail_lib.SAMPLE).as_numpy_iterator()),
-        f'the first {settings.dataset} training images')
+        f'training images (the first of {settings.dataset})')
 
   return Source(settings.dataset, features['label'].num_classes,
                 sizes['train'], sizes['eval'], read,

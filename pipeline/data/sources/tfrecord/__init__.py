@@ -92,7 +92,7 @@ def _load(settings):
     return detail_lib.of_encoded(
         (encoded for encoded, _ in records.take(detail_lib.SAMPLE).map(
             tfrecords.parse).as_numpy_iterator()),
-        f'the first training records of {settings.train_files}')
+        f'training records (the first of {settings.train_files})')
 
   return Source('tfrecord', settings.num_classes, sizes['train'], sizes['eval'],
                 read, parse, class_names=names, encoded_bytes=sum(
