@@ -251,9 +251,7 @@ def _depthwise_filter_gradient_kernel(x_ref, dy_ref, partial_ref, *, g,
                 mask=channel_vector < g.channels)
 
 
-# Triton's parameters, named: without them jax 0.9.0-0.11.0 send a
-# pallas_call to Mosaic GPU, which cannot lower these kernels' masked
-# loads; 0.11.2 picks Triton. Triton's own defaults.
+# Named, so jax 0.9-0.11.0 lower through Triton too, not Mosaic GPU.
 TRITON_PARAMS = plgpu.CompilerParams(num_warps=4, num_stages=3)
 
 

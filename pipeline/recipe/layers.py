@@ -156,8 +156,7 @@ class Float32DepthwiseConv2D(keras.layers.DepthwiseConv2D):
   BF16 CPU without AMX) while the 1x1 convolutions gain. Same variables."""
 
   def __init__(self, *args, **kwargs):
-    kwargs['dtype'] = 'float32'
-    super().__init__(*args, **kwargs)
+    super().__init__(*args, **dict(kwargs, dtype='float32'))
 
 
 class _DirectDepthwiseConv2D(keras.layers.DepthwiseConv2D):
@@ -277,8 +276,8 @@ DEPTHWISES.register(Form(
     "(XLA:CPU's own depthwise gradient is slow: 4.7x faster there; on an "
     "H200 0.80 of cuDNN's, the taps unfused)", ShiftedDepthwiseConv2D))
 DEPTHWISES.register(Form(
-    'float32', "Keras' own, computing in float32 under a 16-bit policy "
-    '(for CPUs whose oneDNN runs depthwise slowly in bfloat16)',
+    'conv_in_float32', "Keras' own, computing in float32 under a 16-bit "
+    'policy (for CPUs whose oneDNN runs depthwise slowly in bfloat16)',
     Float32DepthwiseConv2D))
 DEPTHWISES.register(Form(
     'pallas', 'a direct kernel in Pallas on GPUs (forward and both '
