@@ -1,9 +1,11 @@
-"""depthwise=pallas's kernels (pipeline/recipe/depthwise_pallas.py) on this
-CPU: interpreted, forward and both gradients within the dtype's rounding of
-XLA's convolution for every depthwise shape of B0 and EfficientNetV2-S;
-lowered through Triton for an H200 (what a GPU compiles, short of running
-it); and the forms in a network, Keras' variables kept. JAX only: CI runs
-it in the probe's environment, as a lent GPU machine has it."""
+"""The probe's depthwise experiments (pipeline/probe/depthwise_forms.py) on
+this CPU: depthwise=pallas's kernels interpreted, forward and both
+gradients within the dtype's rounding of XLA's convolution for every
+depthwise shape of B0 and EfficientNetV2-S, and lowered through Triton for
+an H200 (what a GPU compiles, short of running it); the shifted form's
+outputs and gradients; each form in a network, Keras' variables kept, and
+none of them a form of launch.train. JAX only: CI runs it in the probe's
+environment, as a lent GPU machine has it."""
 
 import math
 import os
@@ -15,8 +17,8 @@ import pytest
 jax = pytest.importorskip('jax', reason='needs JAX (the probe\'s environment)')
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top,wrong-import-position
-from pipeline.recipe import depthwise_xla  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.probe import depthwise_pallas  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.probe import depthwise_xla  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Every depthwise convolution of keras.applications' EfficientNetB0 at 224
 # px and EfficientNetV2S at 300 (its last training stage) and 384 px (its
@@ -168,13 +170,16 @@ def test_the_forms_keep_keras_variables_and_read_each_others_weights(
   convolution does (the kernels interpreted on this CPU), under Keras'
   names: a weights file written by one form loads into the others."""
   import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import depthwise_forms  # pylint: disable=g-import-not-at-top
   from pipeline.recipe import layers  # pylint: disable=g-import-not-at-top
   from pipeline.recipe import models  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv(depthwise_pallas.INTERPRET_VARIABLE, '1')
+  depthwise_forms.register()
   keras.utils.set_random_seed(0)
   built = {form: models.build_model('efficientnet_tiny', 5, 32, forms={
       'batch_norm': 'keras', 'squeeze_excite': 'conv', 'depthwise': form})
-           for form in ('conv', 'pallas', 'pallas_forward', 'stacked_grad')}
+           for form in ('conv', 'pallas', 'pallas_forward', 'stacked_grad',
+                        'shifted')}
   images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3),
                                              dtype='uint8')
   saved = str(tmp_path / 'conv.weights.h5')
@@ -188,6 +193,52 @@ def test_the_forms_keep_keras_variables_and_read_each_others_weights(
     model.load_weights(saved)
     np.testing.assert_allclose(model.predict(images, verbose=0), expected,
                                rtol=1e-4, atol=1e-5)
+
+
+def test_the_experiments_are_no_forms_of_a_run():
+  """A GPU measured each slower than Keras' convolution in the step: they
+  are forms in the probe's process alone (launch.probe registers them)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  listed = subprocess.run(
+      [sys.executable, '-c', 'from pipeline.recipe import layers; '
+       'print(",".join(layers.DEPTHWISES.names()))'],
+      capture_output=True, text=True, check=True).stdout.strip()
+  assert listed == 'conv,conv_in_float32'
+
+
+@pytest.mark.parametrize('kernel, strides, padding, size', [
+    (3, 1, 'same', 9), (5, 1, 'same', 8), (3, 2, 'same', 9),
+    (5, 2, 'same', 10), (3, 2, 'valid', 11), (5, 1, 'valid', 9)])
+def test_the_shifted_depthwise_convolution_equals_keras(kernel, strides,
+                                                       padding, size):
+  """Outputs and both gradients (input and kernel) as Keras' convolution
+  computes them, for B0's kernels, strides and paddings (its stride-2
+  layers pad first, then 'valid'), odd and even sizes."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from pipeline.probe import depthwise_forms  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(kernel * 10 + strides)
+  x = rng.normal(size=(2, size, size, 6)).astype('float32')
+  conv = keras.layers.DepthwiseConv2D(kernel, strides, padding,
+                                      use_bias=False)
+  conv.build(x.shape)
+  shifted = depthwise_forms.ShiftedDepthwiseConv2D.from_config(
+      conv.get_config())
+  shifted.build(x.shape)
+  shifted.set_weights(conv.get_weights())
+  upstream = rng.normal(size=conv.compute_output_shape(x.shape)).astype(
+      'float32')
+  results = []
+  for layer in (conv, shifted):
+    def loss(inputs, kernel_value, layer=layer):
+      outputs, _ = layer.stateless_call([kernel_value], [], inputs)
+      return jnp.sum(outputs * upstream), outputs
+    (_, outputs), grads = jax.value_and_grad(loss, argnums=(0, 1),
+                                             has_aux=True)(
+                                                 x, conv.get_weights()[0])
+    results.append([np.asarray(a) for a in (outputs, *grads)])
+  for ours, theirs in zip(results[1], results[0]):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
 def test_a_cpu_leaves_the_pallas_form_to_xla_unless_asked(monkeypatch):

@@ -1,5 +1,5 @@
-"""The one-pass batch norm, squeeze-excite's matrix products and the
-shifted depthwise convolution against Keras' own layers, on whichever Keras backend runs the tests (the fast
+"""The one-pass batch norm and squeeze-excite's matrix products against
+Keras' own layers, on whichever Keras backend runs the tests (the fast
 suite: TensorFlow; CI's JAX tier: JAX), and checkpoints across the forms.
 """
 
@@ -211,35 +211,6 @@ def test_squeeze_excite_as_a_matrix_product_equals_the_convolution():
                              atol=1e-6)
 
 
-@pytest.mark.parametrize('kernel, strides, padding, size', [
-    (3, 1, 'same', 9), (5, 1, 'same', 8), (3, 2, 'same', 9),
-    (5, 2, 'same', 10), (3, 2, 'valid', 11), (5, 1, 'valid', 9)])
-def test_the_shifted_depthwise_convolution_equals_keras(kernel, strides,
-                                                       padding, size):
-  """Outputs and both gradients (input and kernel) as Keras' convolution
-  computes them, for B0's kernels, strides and paddings (its stride-2
-  layers pad first, then 'valid'), odd and even sizes."""
-  rng = np.random.default_rng(kernel * 10 + strides)
-  x = rng.normal(size=(2, size, size, CHANNELS)).astype('float32')
-  conv = keras.layers.DepthwiseConv2D(kernel, strides, padding,
-                                      use_bias=False)
-  conv.build(x.shape)
-  shifted = layers.ShiftedDepthwiseConv2D.from_config(conv.get_config())
-  shifted.build(x.shape)
-  shifted.set_weights(conv.get_weights())
-  upstream = rng.normal(size=conv.compute_output_shape(x.shape)).astype(
-      'float32')
-  results = []
-  for layer in (conv, shifted):
-    def loss(inputs, kernel_value, layer=layer):
-      outputs, _ = layer.stateless_call([kernel_value], [], inputs)
-      return ops.sum(outputs * upstream), outputs
-    outputs, grads = _gradients(loss, [x, conv.get_weights()[0]])
-    results.append([ops.convert_to_numpy(a) for a in (outputs, *grads)])
-  for ours, theirs in zip(results[1], results[0]):
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
-
-
 def _inferred(model, images):
   if keras.backend.backend() == 'jax':
     # Compiled whole: op by op, JAX compiles each slice of each tap apart.
@@ -255,7 +226,8 @@ def test_the_swap_keeps_names_weights_and_every_checkpoint(tmp_path):
   keras.utils.set_random_seed(0)
   ours = models.build_model('efficientnet_tiny', 5, 32)  # Keras' forms.
   swapped = models.build_model('efficientnet_tiny', 5, 32, forms=dict(
-      batch_norm='one_pass', squeeze_excite='matmul', depthwise='shifted'))
+      batch_norm='one_pass', squeeze_excite='matmul',
+      depthwise='conv_in_float32'))
   built = [type(layer) for layer in models.backbone(swapped).layers]
   assert keras.layers.BatchNormalization not in built
   assert keras.layers.DepthwiseConv2D not in built
@@ -266,7 +238,7 @@ def test_the_swap_keeps_names_weights_and_every_checkpoint(tmp_path):
   # (expansions, projections, the head's) see maps of 16 to 2 pixels a side
   # and stay convolutions.
   assert built.count(layers.Conv1x1AsMatmul) == 8
-  assert built.count(layers.ShiftedDepthwiseConv2D) == 4
+  assert built.count(layers.Float32DepthwiseConv2D) == 4
   assert ([(w.name, w.shape) for w in ours.weights] ==
           [(w.name, w.shape) for w in swapped.weights])
   images = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3),
@@ -293,7 +265,8 @@ def test_a_tensorflow_checkpoint_reads_across_the_forms(tmp_path):
   keras.utils.set_random_seed(0)
   ours = models.build_model('efficientnet_tiny', 5, 32)
   swapped = models.build_model('efficientnet_tiny', 5, 32, forms=dict(
-      batch_norm='one_pass', squeeze_excite='matmul', depthwise='shifted'))
+      batch_norm='one_pass', squeeze_excite='matmul',
+      depthwise='conv_in_float32'))
   for variable in ours.weights:
     variable.assign(variable + 0.01)
   path = tf.train.Checkpoint(model=ours).write(str(tmp_path / 'ckpt'))

@@ -58,12 +58,10 @@ def _cases(root, tfds_dir):
        'eval_image_size=64 is larger than the images of sklearn_digits (8 '
        'px) and the training size (32 px), which adds no detail: use 0 (the '
        'training size) or at most 32', None),
-      # A Pallas kernel: TensorFlow cannot compile it.
-      ('a form written in JAX on TensorFlow', [
-          work, data, '--dry_run', '--backend=tensorflow',
-          '--config.depthwise=pallas'],
-       'depthwise=pallas is written in JAX and trains on --backend=jax only; '
-       'on TensorFlow use conv, shifted', None),
+      # A depthwise experiment the probe keeps (launch.probe), no form.
+      ('a depthwise experiment outside the probe', [
+          work, data, '--dry_run', '--config.depthwise=pallas'],
+       "unknown depthwise 'pallas'; accepted: conv, conv_in_float32", None),
       ('unknown backend', [work, data, '--dry_run', '--backend=torch'],
        '--backend=torch is not a backend; accepted: auto, tensorflow, jax',
        None),

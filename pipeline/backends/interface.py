@@ -91,8 +91,6 @@ class Backend(Protocol):
 
   name: str  # 'tensorflow' or 'jax': --backend's value, run.json's record.
   checkpoint_format: Format  # What its trainers write.
-  # Whether it compiles the layer forms written in JAX (a Pallas kernel).
-  compiles_jax_only: bool
 
   def software(self) -> str:
     """The versions compiled programs and saved measurements hold for,

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipeline.recipe import depthwise_pallas
-from pipeline.recipe import depthwise_xla
+from pipeline.probe import depthwise_pallas
+from pipeline.probe import depthwise_xla
 
 # B0's depthwise convolutions at 224 px, the largest first: (rows,
 # columns, channels, kernel, stride).

@@ -64,7 +64,7 @@ _LIBRARY_KERNEL = re.compile(r'(cudnn|cublas|xmma|gemm|conv|sm\d+_)',
 LIBRARY_CLASS = ('convolutions and matrix products in a command buffer '
                  '(cuDNN, cuBLAS)')
 # depthwise=pallas's kernels, by the names of their functions
-# (pipeline/recipe/depthwise_pallas.py), which Triton's kernels keep.
+# (pipeline/probe/depthwise_pallas.py), which Triton's kernels keep.
 _PALLAS_KERNEL = re.compile(
     r'depthwise_(forward|data_gradient|filter_gradient)_kernel')
 

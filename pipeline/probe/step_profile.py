@@ -16,7 +16,7 @@ import re
 import keras
 import numpy as np
 
-from pipeline.recipe import layers
+from pipeline.probe import depthwise_forms
 
 _INSTRUCTION = re.compile(
     r'^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>\(.*?\)|\S+) '
@@ -125,7 +125,7 @@ def layer_kinds(model):
       inputs = 0
     if '_se_' in f'_{name}':  # keras.applications' squeeze-and-excite.
       kinds[name] = ('squeeze-excite', inputs)
-    elif isinstance(layer, layers.ShiftedDepthwiseConv2D):
+    elif isinstance(layer, depthwise_forms.ShiftedDepthwiseConv2D):
       kinds[name] = ('depthwise taps', inputs)
     elif isinstance(layer, keras.layers.DepthwiseConv2D):
       kinds[name] = ('depthwise convolution', inputs)

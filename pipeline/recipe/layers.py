@@ -1,5 +1,5 @@
-"""Three layers written so a compiled step reads each activation fewer times,
-with Keras' variables, so every checkpoint, export and published weight
+"""Three layers written so a compiled step runs faster (reads each activation
+fewer times, or computes where the hardware is fast), with Keras' variables, so every checkpoint, export and published weight
 file reads into them unchanged; and the swap that puts them into a built
 network.
 
@@ -23,17 +23,12 @@ so each is a matrix product over [batch, channels]. As convolutions they
 are launched as cuDNN calls (forward, data and filter gradient) on
 channels as few as 4; as products XLA fuses them with their neighbours.
 
-ShiftedDepthwiseConv2D: a depthwise convolution as the sum of its kernel's
-taps, each a (strided) slice of the padded input times one weight per
-channel. The convolution is memory-bound (a few multiply-adds per value
-read), yet cuDNN's grouped kernels took 4.4 ms of an H200's 28.5 ms B0 step
-for the forward pass alone (the probe's profile). As slices and products,
-XLA can fuse it, and its data gradient (a sum of padded products), into
-one elementwise pass each. It pays on a CPU (XLA:CPU's own depthwise data
-gradient took 65% of the tiny network's step: 4.7x faster), not on an
-H200 (0.80 of the step with cuDNN's kernels: XLA left the taps unfused,
-362 MB moved an image against 258), so it is a CPU's form and 'conv'
-stays the default.
+Float32DepthwiseConv2D: Keras' depthwise convolution computing in float32
+under a 16-bit policy, for CPUs whose oneDNN runs it slowly in bfloat16.
+
+The depthwise forms a GPU measured slower than Keras' own in the step
+(shifted, pallas, pallas_forward, stacked_grad) live in the probe
+(pipeline/probe/depthwise_forms.py) until one measures faster.
 
 Everything is keras.ops, so both backends run the same code.
 """
@@ -44,7 +39,6 @@ import keras
 from keras import ops
 
 from pipeline import parts
-from pipeline.errors import UserError
 
 
 @ops.custom_gradient
@@ -117,37 +111,6 @@ class Conv1x1AsMatmul(keras.layers.Conv2D):
     return self.activation(outputs) if self.activation else outputs
 
 
-class ShiftedDepthwiseConv2D(keras.layers.DepthwiseConv2D):
-  """keras.layers.DepthwiseConv2D computed tap by tap (channels last, one
-  filter a channel, no dilation; Keras' own code otherwise). Same
-  variables; products and sums in float32, as cuDNN accumulates."""
-
-  def call(self, inputs):
-    if not (self.depth_multiplier == 1 and
-            self.data_format == 'channels_last' and
-            tuple(self.dilation_rate) == (1, 1)):
-      return super().call(inputs)
-    (rows, columns), (row_step, column_step) = self.kernel_size, self.strides
-    x = inputs
-    if self.padding == 'same':
-      x = ops.pad(x, ((0, 0), _same(x.shape[1], rows, row_step),
-                      _same(x.shape[2], columns, column_step), (0, 0)))
-    out_rows = (x.shape[1] - rows) // row_step + 1
-    out_columns = (x.shape[2] - columns) // column_step + 1
-    x = ops.cast(x, 'float32')  # Fused: XLA reads 16 bits, sums in 32.
-    kernel = ops.cast(self.kernel, 'float32')
-    total = 0.0
-    for i in range(rows):
-      for j in range(columns):
-        total += x[:, i:i + row_step * (out_rows - 1) + 1:row_step,
-                   j:j + column_step * (out_columns - 1) + 1:column_step,
-                   :] * kernel[i, j, :, 0]
-    outputs = ops.cast(total, self.compute_dtype)
-    if self.use_bias:
-      outputs = ops.add(outputs, self.bias)
-    return self.activation(outputs) if self.activation else outputs
-
-
 class Float32DepthwiseConv2D(keras.layers.DepthwiseConv2D):
   """keras.layers.DepthwiseConv2D computing in float32 under every policy
   (its inputs cast up, its outputs left in float32 for the next layer to
@@ -159,87 +122,15 @@ class Float32DepthwiseConv2D(keras.layers.DepthwiseConv2D):
     super().__init__(*args, **dict(kwargs, dtype='float32'))
 
 
-class _DirectDepthwiseConv2D(keras.layers.DepthwiseConv2D):
-  """keras.layers.DepthwiseConv2D whose plain case (channels last, one
-  filter a channel, no dilation) runs `_convolve`; Keras' own code
-  otherwise. Same variables."""
-
-  def _convolve(self, inputs, kernel, strides, padding):
-    raise NotImplementedError
-
-  def call(self, inputs):
-    if not (self.depth_multiplier == 1 and
-            self.data_format == 'channels_last' and
-            tuple(self.dilation_rate) == (1, 1)):
-      return super().call(inputs)
-    strides = tuple(self.strides)
-    padding = ((0, 0), (0, 0))
-    if self.padding == 'same':
-      padding = tuple(_same(size, kernel, stride) for size, kernel, stride in
-                      zip(inputs.shape[1:3], self.kernel_size, strides))
-    outputs = self._convolve(inputs, self.kernel[..., 0], strides, padding)
-    if outputs is None:
-      return super().call(inputs)
-    if self.use_bias:
-      outputs = ops.add(outputs, self.bias)
-    return self.activation(outputs) if self.activation else outputs
-
-
-class PallasDepthwiseConv2D(_DirectDepthwiseConv2D):
-  """A direct depthwise kernel in Pallas on GPUs (depthwise_pallas.py);
-  XLA's convolution where Pallas' GPU backend does not run, unless
-  PIPELINE_PALLAS_INTERPRET=1 interprets the kernels (tests). JAX only."""
-
-  def _convolve(self, inputs, kernel, strides, padding):
-    from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top
-    route = depthwise_pallas.pallas_route()
-    if not route:
-      return None
-    return depthwise_pallas.pallas_depthwise(inputs, kernel, strides,
-                                             padding, route == 'interpret')
-
-
-class PallasForwardDepthwiseConv2D(_DirectDepthwiseConv2D):
-  """PallasDepthwiseConv2D's forward kernel, XLA's gradients. JAX only."""
-
-  def _convolve(self, inputs, kernel, strides, padding):
-    from pipeline.recipe import depthwise_pallas  # pylint: disable=g-import-not-at-top
-    route = depthwise_pallas.pallas_route()
-    if not route:
-      return None
-    return depthwise_pallas.pallas_forward_depthwise(
-        inputs, kernel, strides, padding, route == 'interpret')
-
-
-class StackedGradDepthwiseConv2D(_DirectDepthwiseConv2D):
-  """XLA's depthwise convolution and data gradient, the filter gradient
-  one reduction over the stacked taps (depthwise_xla.py). JAX only."""
-
-  def _convolve(self, inputs, kernel, strides, padding):
-    from pipeline.recipe import depthwise_xla  # pylint: disable=g-import-not-at-top
-    return depthwise_xla.stacked_grad_depthwise(inputs, kernel, strides,
-                                                padding)
-
-
-def _same(size, kernel, stride):
-  """'same' padding of one axis as TensorFlow and cuDNN split it: the odd
-  row or column after."""
-  total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
-  return total // 2, total - total // 2
-
-
 # Keras' weights files (.weights.h5, the JAX route's checkpoints) file a
 # layer's variables under its class's name, counted in order
 # (batch_normalization_3/vars): under Keras' names, a checkpoint written by
 # either form reads into the other.
 for _layer, _keras_name in ((OnePassBatchNormalization, 'BatchNormalization'),
                             (Conv1x1AsMatmul, 'Conv2D'),
-                            (ShiftedDepthwiseConv2D, 'DepthwiseConv2D'),
-                            (Float32DepthwiseConv2D, 'DepthwiseConv2D'),
-                            (PallasDepthwiseConv2D, 'DepthwiseConv2D'),
-                            (PallasForwardDepthwiseConv2D, 'DepthwiseConv2D'),
-                            (StackedGradDepthwiseConv2D, 'DepthwiseConv2D')):
+                            (Float32DepthwiseConv2D, 'DepthwiseConv2D')):
   _layer.__name__ = _layer.__qualname__ = _keras_name
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Form(parts.Part):
@@ -247,9 +138,6 @@ class Form(parts.Part):
   name: str
   description: str
   layer: type
-  # Written in JAX (a Pallas kernel, a jax.custom_vjp): TensorFlow cannot
-  # compile it.
-  jax_only: bool = False
 
 
 # config.batch_norm, config.squeeze_excite and config.depthwise: each form's
@@ -272,24 +160,9 @@ DEPTHWISES.register(Form(
     'conv', "Keras' own (cuDNN's grouped convolution on a GPU)",
     keras.layers.DepthwiseConv2D))
 DEPTHWISES.register(Form(
-    'shifted', 'for CPUs: a sum of shifted slices times per-channel weights '
-    "(XLA:CPU's own depthwise gradient is slow: 4.7x faster there; on an "
-    "H200 0.80 of cuDNN's, the taps unfused)", ShiftedDepthwiseConv2D))
-DEPTHWISES.register(Form(
     'conv_in_float32', "Keras' own, computing in float32 under a 16-bit "
     'policy (for CPUs whose oneDNN runs depthwise slowly in bfloat16)',
     Float32DepthwiseConv2D))
-DEPTHWISES.register(Form(
-    'pallas', 'a direct kernel in Pallas on GPUs (forward and both '
-    "gradients), XLA's convolution elsewhere; JAX only",
-    PallasDepthwiseConv2D, jax_only=True))
-DEPTHWISES.register(Form(
-    'pallas_forward', "depthwise=pallas's forward kernel on GPUs, XLA's "
-    'gradients; JAX only', PallasForwardDepthwiseConv2D, jax_only=True))
-DEPTHWISES.register(Form(
-    'stacked_grad', "XLA's convolution and data gradient, the filter "
-    'gradient one reduction over the stacked taps; JAX only',
-    StackedGradDepthwiseConv2D, jax_only=True))
 
 
 def _on_a_pixel(layer):
@@ -304,18 +177,6 @@ def _on_a_pixel(layer):
 # The tables of layer forms, each by its config key (configs/default.py
 # holds their defaults), as swap takes them.
 FORM_TABLES = (BATCH_NORMS, SQUEEZE_EXCITES, DEPTHWISES)
-
-
-def check_compiles(names, compiles_jax_only):
-  """A one-line UserError for a form of `names` (the config's values of
-  FORM_TABLES' keys, in order) written in JAX alone where the backend
-  (`compiles_jax_only`: its Backend.compiles_jax_only) cannot compile it."""
-  for table, name in zip(FORM_TABLES, names):
-    if table[name].jax_only and not compiles_jax_only:
-      raise UserError(
-          f'{table.key}={name} is written in JAX and trains on '
-          '--backend=jax only; on TensorFlow use '
-          f'{", ".join(f.name for f in table.parts() if not f.jax_only)}')
 
 
 def swap(network, batch_norm, squeeze_excite, depthwise):

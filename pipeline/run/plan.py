@@ -39,7 +39,6 @@ from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
-from pipeline.recipe import layers
 from pipeline.recipe import objective as objective_lib
 from pipeline.recipe import progressive
 
@@ -201,9 +200,6 @@ def resolve(config, request, hardware=None):
   hardware = hardware or backend.resolve_hardware(request)
   validation.validate(config, hardware.num_replicas, recipe.tables(),
                       (sources.SOURCES, augmentations.AUGMENTATIONS))
-  layers.check_compiles(
-      [config[table.key] for table in layers.FORM_TABLES],
-      backend.compiles_jax_only)
   run_workdir.check_remote_paths(request, hardware, sources.inputs(config),
                                  input_spec.cache_setting(config.cache))
   # The data first: what the config leaves open (the image size, the

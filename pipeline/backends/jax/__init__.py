@@ -31,7 +31,6 @@ class JaxBackend:
   """The Backend interface on JAX (pipeline/backends/interface.py)."""
   name = 'jax'
   checkpoint_format = checkpoint_format.Format.KERAS_WEIGHTS
-  compiles_jax_only = True  # Layer forms written in JAX (Pallas).
 
   def software(self):
     # cuDNN's own wheel where JAX's CUDA plugin brought one: its kernels

@@ -19,7 +19,6 @@ class TensorFlowBackend:
   """The Backend interface on TensorFlow (pipeline/backends/interface.py)."""
   name = 'tensorflow'
   checkpoint_format = checkpoint_format.Format.TF_CHECKPOINT
-  compiles_jax_only = False  # Layer forms written in JAX (Pallas).
 
   def software(self):
     tf = next(filter(None, map(backends.installed, (

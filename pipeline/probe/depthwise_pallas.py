@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pipeline.recipe.depthwise_xla import xla_depthwise
+from pipeline.probe.depthwise_xla import xla_depthwise
 
 # Programs of the filter gradient: a few per multiprocessor of a large GPU
 # (132 on an H100 or H200), each reducing a run of rows.
