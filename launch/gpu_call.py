@@ -1,15 +1,21 @@
-"""The prepared call for a lent GPU: the same kernels in every process,
-the depthwise forms, and Keras' own model beside them, in one budget.
+"""The prepared call for a lent GPU: the main command on the JAX route,
+then the same kernels in every process, Keras' own model.fit, the
+depthwise experiments and the kernels, in that order, each part started
+only where its predicted time fits the budget.
 
-  python -m launch.gpu_call --out=$OUT/call --budget_s=510
-  python -m launch.gpu_call --out=/tmp/call --budget_s=900 \\
+  python -m launch.gpu_call --out=$OUT --budget_s=510
+  python -m launch.gpu_call --out=/tmp/call --budget_s=900 --compile_s=20 \\
       --image_size=32 --batch_size=16 --config.model=efficientnet_tiny  # a CPU
 
-Runs launch.probe in fresh processes (pipeline/probe/gpu_call.py says
-which, and why in that order); one line per step as it ends, the
-summary last; OUT/call.json rewritten after every step. Needs JAX, Keras,
-ml-collections and absl-py, as launch.probe does. Not launch.gpu_checks,
-which checks the whole project on a user's GPU machine in 45 minutes.
+pipeline/probe/gpu_call.py says what each part measures and why in that
+order. One line per part as it ends, the summary last; OUT holds
+call.json and call-files.tar.gz (the parts' logs and figures), rewritten
+after every part. The saved picks and compile caches stay under
+--cache_dir, outside OUT: a second command on the same warm machine finds
+them, and the first line says whether it did. Needs the JAX environment
+(requirements-jax.txt: launch.train's part reads TFRecords through
+tf.data). Not launch.gpu_checks, which checks the whole project on a
+user's GPU machine in 45 minutes.
 """
 
 import os
@@ -32,8 +38,22 @@ _STEPS = flags.DEFINE_integer('steps_per_execution', 8,
                               'Steps per compiled program call.')
 _CLASSES = flags.DEFINE_integer('num_classes', 1000, 'Classes of the head.')
 _ORDER = flags.DEFINE_list(
-    'steps', None, 'The steps to run, in this order (default: every one, '
+    'steps', None, 'The parts to run, in this order (default: every one, '
     'as pipeline/probe/gpu_call.py lists them).')
+_WORK_DIR = flags.DEFINE_string(
+    'work_dir', '/tmp/gpu-call', "Where the parts write; archived into "
+    'OUT/call-files.tar.gz after each.')
+_CACHE_DIR = flags.DEFINE_string(
+    'cache_dir', os.path.expanduser('~/.cache/pipeline-gpu-call'),
+    "The parts' saved picks and compile caches (XDG_CACHE_HOME), outside "
+    'OUT: kept for the next command on this machine.')
+_COMPILE_S = flags.DEFINE_float(
+    'compile_s', 90.0, 'Seconds one compile of the step takes, until a part '
+    'measures it on this card (B0 at 224 px on an H200: 67-94 s).')
+_PHOTOS = flags.DEFINE_integer(
+    'photos', 1024, "The train part's photographs (10 classes).")
+_TRAIN_STEPS = flags.DEFINE_integer(
+    'train_steps', 256, "The train part's steps, about (whole epochs).")
 
 
 def main(argv):
@@ -49,16 +69,29 @@ def main(argv):
                  f'--num_classes={_CLASSES.value}',
                  '--config=' + config_flags.get_config_filename(
                      flags.FLAGS['config']),
-                 # Overrides pass through to every probe process.
+                 # Overrides pass through to every process.
                  *[arg for arg in sys.argv[1:] if arg.startswith('--config.')]]
+  overrides = [arg for arg in sys.argv[1:] if arg.startswith('--config.')]
+  steps_an_epoch = max(_PHOTOS.value // _BATCH_SIZE.value, 1)
+  train_flags = [f'--config.image_size={_IMAGE_SIZE.value}',
+                 f'--config.global_batch_size={_BATCH_SIZE.value}',
+                 f'--config.steps_per_execution={_STEPS.value}',
+                 f'--config.epochs={-(-_TRAIN_STEPS.value // steps_an_epoch)}',
+                 # One program to train, one to evaluate at the end.
+                 '--config.eval_every_epochs=0',
+                 '--config.progressive_stages=0', *overrides]
   order = _ORDER.value or gpu_call.ORDER
-  unknown = set(order) - set(gpu_call.NAMES)
+  unknown = set(order) - set(gpu_call.ORDER)
   if unknown:
     sys.exit(f'error: --steps: {", ".join(sorted(unknown))}; accepted: '
-             f'{", ".join(gpu_call.NAMES)}')
-  figures = gpu_call.run(out, _BUDGET_S.value, probe_flags, order,
+             f'{", ".join(gpu_call.ORDER)}')
+  figures = gpu_call.run(out, os.path.abspath(_WORK_DIR.value),
+                         os.path.abspath(_CACHE_DIR.value), _BUDGET_S.value,
+                         probe_flags, train_flags, order, _COMPILE_S.value,
+                         _PHOTOS.value,
                          report=lambda line: print(line, flush=True))
-  print(f'gpu_call: done in {figures["elapsed_s"]} s; {out}/call.json')
+  print(f'gpu_call: done in {figures["elapsed_s"]} s; {out}/call.json, '
+        f'{out}/call-files.tar.gz')
 
 
 if __name__ == '__main__':

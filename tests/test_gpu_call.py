@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import time
 
 import pytest
 
@@ -15,6 +17,8 @@ pytest.importorskip('jax', reason='needs JAX (the probe\'s environment)')
 
 from conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
 from conftest import run_module  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.probe import call_parts  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pipeline.probe import call_summary  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.probe import gpu_call  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.probe import kernel_times  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.probe import picks  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -25,7 +29,7 @@ FIXTURES = os.path.join(REPO, 'tests', 'fixtures', 'h200')
 
 def _convolve_with(xla_flags):
   return subprocess.run(
-      [sys.executable, '-c', gpu_call._TINY_CONVOLUTION],  # pylint: disable=protected-access
+      [sys.executable, '-c', call_parts._TINY_CONVOLUTION],  # pylint: disable=protected-access
       capture_output=True, text=True, check=False, timeout=300,
       env=dict(os.environ, XLA_FLAGS=xla_flags, JAX_PLATFORMS='cpu'))
 
@@ -86,16 +90,14 @@ def test_the_fastest_process_near_the_median_keeps_its_picks():
 
 def test_the_calls_summary_of_what_an_h200_gave():
   """The first call on an H200 (the picks not yet saved, so its loading
-  steps stopped in one line; its form steps' names since prefixed with
-  `with_`): its figures as the summary reads them."""
+  parts stopped in one line): its figures as the summary reads them."""
   with open(os.path.join(FIXTURES, 'call_1.json'), encoding='utf-8') as f:
-    steps = json.load(f)['steps']
-  summary = gpu_call.summarize(steps)
+    parts = json.load(f)['steps']
+  summary = call_summary.summarize(parts)
   assert summary['of_A'] == {'keras': round(8843.6 / 8011.4, 4)}
   assert summary['same_algorithms_as_A'] == {'keras': False}
-  assert summary['with_pallas_of_baseline'] == round(7006.1 / 8843.6, 4)
   assert 'host_fed_of_keras_fit' not in summary  # Keras' fit was skipped.
-  assert steps['B']['failed'].endswith('save them first with '
+  assert parts['B']['failed'].endswith('save them first with '
                                        '--save_autotune')
 
 
@@ -114,34 +116,97 @@ def test_pallas_kernels_are_classed_by_their_names_inside_command_buffers():
                                      {}) is None
 
 
+def _call(tmp_path, budget_s, compile_s=90.0):
+  return call_parts.Call(
+      str(tmp_path / 'out'), str(tmp_path / 'work'),
+      call_parts.environment(str(tmp_path / 'cache')),
+      ['--image_size=32', '--batch_size=8', '--num_classes=10',
+       '--config.model=efficientnet_tiny'], [], compile_s,
+      time.monotonic() + budget_s)
+
+
+def test_a_part_that_cannot_fit_is_skipped_with_its_prediction(tmp_path):
+  """B0's compile guessed at 90 s: the train part's three compiles and
+  the rest of it need 390 s, and 300 are left."""
+  call = _call(tmp_path, 310)
+  record = gpu_call.run_part(call, gpu_call.PARTS[0])
+  assert record['skipped'] == ('needs about 390 s (3 compile(s) at 90 s '
+                               '(guessed) and 120 s); 300 s of the budget '
+                               'left')
+  assert record['predicted_s'] == 390
+  assert not os.path.exists(tmp_path / 'work' / 'photos')
+  call.measured_compile(20.0)  # Measured on this card: now it fits.
+  assert call.predicted_s(gpu_call.PARTS[0]) == 180
+
+
+def test_a_part_killed_by_its_watchdog_keeps_its_record(tmp_path):
+  """A probe part predicted at 20 s and still timing at twice that: killed
+  there, its record says so, with its exit code and its last line."""
+  os.makedirs(tmp_path / 'work')
+  call = _call(tmp_path, 600)
+  part = gpu_call.Part('A', 'times far too many executions', 0, 20,
+                       ('--stages=a', '--executions=100000'))
+  record = gpu_call.run_part(call, part)
+  assert record['stopped'] == 'watchdog'
+  assert record['exit'] == -9  # SIGKILL, its whole session.
+  assert any(line.startswith('probe: {"platform": "cpu"')
+             for line in record['last_lines'])
+  assert 38 <= record['seconds'] < 60
+  # 15 s predicted fit the 20 s left, and the budget ends before 30 s.
+  with_budget = _call(tmp_path, 30)
+  part = gpu_call.Part('A', 'the same', 0, 15,
+                       ('--stages=a', '--executions=100000'))
+  assert gpu_call.run_part(with_budget, part)['stopped'] == 'budget'
+
+
 def test_the_prepared_call_runs_to_its_last_line_on_this_cpu(tmp_path):
-  """Every step at a tiny size (the Pallas forms interpreted): each probe
-  process ends with its figures, the summary is written, the last line
-  says where. No GPU autotunes here, so no picks are saved: the loading
-  steps load none, and say nothing is required of them."""
-  out = tmp_path / 'call'
-  result = run_module(
-      'launch.gpu_call', f'--out={out}', '--budget_s=1500',
-      '--image_size=32', '--batch_size=8', '--executions=1',
-      '--steps_per_execution=1', '--num_classes=10',
-      '--config.model=efficientnet_tiny',
-      env={'KERAS_BACKEND': 'jax', 'XDG_CACHE_HOME': str(tmp_path / 'c')},
-      timeout=1600)
+  """Every part at a tiny size (the Pallas forms interpreted): launch.train
+  stopped by SIGTERM and resumed to its Done line, each probe process
+  ending with its figures, OUT holding call.json and one archive, the
+  caches outside it. No GPU autotunes here, so no picks are saved: the
+  loading parts load none, and say nothing is required of them."""
+  out, cache = tmp_path / 'call', tmp_path / 'cache'
+  command = ('launch.gpu_call', f'--out={out}', '--budget_s=1500',
+             f'--work_dir={tmp_path / "work"}', f'--cache_dir={cache}',
+             '--compile_s=20', '--photos=64', '--train_steps=24',
+             '--image_size=32', '--batch_size=8', '--executions=1',
+             '--steps_per_execution=2', '--num_classes=10',
+             '--config.model=efficientnet_tiny')
+  result = run_module(*command, env={'KERAS_BACKEND': 'jax'}, timeout=1600)
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.strip().splitlines()
-  assert lines[-1] == f'gpu_call: done in {json.load(open(out / "call.json"))["elapsed_s"]} s; {out}/call.json'
   figures = json.loads((out / 'call.json').read_text())
-  assert figures['flags']['accepted']
-  assert [row.get('failed') for row in figures['kernels']['rows']] == [
-      None] * 3
-  for name in ('A', 'B', 'with_pallas', 'keras', 'C', 'with_stacked_grad'):
-    stages = figures['steps'][name]['stages']
-    assert stages['a_device_rate']['images_per_sec'] > 0, name
-  assert figures['steps']['keras']['stages']['f_keras_fit'][
-      'images_per_sec'] > 0
-  assert figures['steps']['A']['variants']['depthwise=pallas_forward'][
-      'of_baseline'] > 0
+  assert lines[0] == f'gpu_call: cache {cache}: empty (a fresh machine, or ' \
+      'its first call): the picks and compiles are made anew'
+  assert lines[-1] == (f'gpu_call: done in {figures["elapsed_s"]} s; '
+                       f'{out}/call.json, {out}/call-files.tar.gz')
+  assert sorted(os.listdir(out)) == ['call-files.tar.gz', 'call.json']
+  parts = figures['parts']
+  assert list(parts) == list(gpu_call.ORDER)
+  for name, record in parts.items():
+    assert record['exit'] == 0 and 'stopped' not in record, (name, record)
+  train = parts['train']
+  assert train['first']['stopped'] == ('SIGTERM after its first execution, '
+                                       'as asked')
+  assert train['resumed']['resumed_at_step'] > 0
+  assert figures['summary']['train']['images_per_sec'] > 0
+  assert parts['flags']['accepted']
+  assert [row.get('failed') for row in parts['kernels']['stages']['rows']
+          ] == [None] * 3
+  for name in ('A', 'B', 'C', 'keras', 'forms'):
+    assert parts[name]['stages']['a_device_rate']['images_per_sec'] > 0, name
+  assert parts['keras']['stages']['f_keras_fit']['images_per_sec'] > 0
   summary = figures['summary']
-  assert set(summary['of_A']) == {'B', 'keras', 'C'}
+  assert set(summary['of_A']) == {'B', 'C', 'keras'}
+  for form in ('pallas', 'pallas_forward', 'stacked_grad', 'shifted'):
+    assert summary[f'depthwise={form}'] > 0
   assert summary['host_fed_of_keras_fit']['ratio'] > 0
-  assert any(line.startswith('gpu_call: loading_spread: ') for line in lines)
+  with tarfile.open(out / 'call-files.tar.gz') as tar:
+    names = tar.getnames()
+  assert {'train.log', 'A/probe.json', 'forms/probe.json'} <= set(names)
+  # The next command on this machine finds what the first left.
+  again = run_module(*command[:2], '--budget_s=60', '--steps=flags',
+                     f'--work_dir={tmp_path / "work"}', f'--cache_dir={cache}',
+                     env={'KERAS_BACKEND': 'jax'}, timeout=300)
+  assert again.stdout.startswith(f'gpu_call: cache {cache}: '), again.stdout
+  assert 'an earlier command on this machine left' in again.stdout

@@ -12,4 +12,11 @@ a part of the backend:
   step_profile.py  a compiled step's instructions in kernel classes, and
                    the bytes it moves
   kernel_times.py  a trace's kernels in those classes, per step
+  picks.py         XLA's saved autotune picks: which a process loaded
+  gpu_call.py      launch.gpu_call's parts for a lent GPU, in one budget;
+                   call_parts.py how each runs, call_summary.py what
+                   their records show
+  depthwise_forms.py  the depthwise experiments, forms in the probe alone
+  depthwise_pallas.py, depthwise_xla.py  their kernels (Pallas, XLA)
+  depthwise_check.py  the Pallas kernels against XLA's, shape by shape
 """

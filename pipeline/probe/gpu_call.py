@@ -1,292 +1,141 @@
-"""One prepared call for a lent GPU (launch.gpu_call): the same kernels in
-every process, the depthwise forms, and Keras' own model beside them.
+"""One prepared call for a lent GPU (launch.gpu_call): its parts in the
+order of what is unknown, each started only where its predicted time fits
+what the budget leaves.
 
-Each step is a fresh `launch.probe` process (XLA reads its flags once a
-process, and its autotuner picks per process), in this order:
+  train    launch.train --backend=jax itself on the GPU, the main command
+           never run there: ImageNet's recipe (configs/imagenet.py) on
+           photographs written on the machine (launch.make_tfrecords
+           --dataset=photos), stopped once by SIGTERM after its first
+           execution and resumed to its Done line; its rate beside A's
+  flags    XLA's autotune flags, each passed to this jaxlib on a tiny
+           convolution (a flag it does not know aborts every process)
+  A        the probe's stage (a), autotuning anew; its picks saved as soon
+           as (a) has a rate (--save_autotune, nothing after it)
+  B, C     (a) loading A's picks with require-complete (B also fed from
+           the host (h), and its profile (g)): their spread, and the
+           compile time the picks save against A's
+  keras    (a) loading the picks, then Keras' own B0 with model.fit (f),
+           its epochs alternating with (a)'s step timed again
+  forms    the depthwise experiments (pipeline/probe/depthwise_forms.py)
+           as variants of (a) in one process
+  kernels  depthwise=pallas's kernels against XLA's convolution on B0's
+           shapes, shape by shape, and their gradients' tiles
 
-  flags        XLA's autotune flags, each passed to this jaxlib on a tiny
-               convolution: written, then loaded with require-complete
-  kernels      depthwise=pallas's kernels against XLA's convolution on B0's
-               shapes: their differences, and each one's time
-  A            stage (a), autotuning anew; its picks saved (--save_autotune)
-  B            loading A's picks, a miss failing the compile: (a), fed
-               from the host (h), and its profile (g)
-  with_pallas  depthwise=pallas: (a), (h) and its profile (g)
-  keras        (a) loading the picks (Keras' own convolutions are not among
-               them: no require-complete), then Keras' own B0 with
-               model.fit (f), whose epochs alternate with (a)'s step timed
-               again, so a card's drift favours neither
-  C            (a) loading the picks again, require-complete
-  with_stacked_grad  depthwise=stacked_grad (the one-reduction filter
-               gradient)
-
-A step that would not end within what is left of the budget is skipped.
-OUT/call.json holds every step's figures and the summary, rewritten after
-each step; each step's folder its probe.json, picks, convolutions and
-(for A and B) the compiled step's text. The saved picks go to OUT/cache
-(XDG_CACHE_HOME), so a call leaves the machine's own cache alone.
+A part's prediction is its compiles at the compile time measured so far
+on this card (the train part's first, else --compile_s) and its fixed
+seconds; a part that would not fit is skipped with that sum, and a running
+one is stopped at twice its prediction (its watchdog) or at the end of
+the budget. Every part leaves a record however it ends: its exit code,
+its last lines, the stages it finished with their figures, and why it
+stopped. OUT holds two files, call.json (rewritten after each part) and
+call-files.tar.gz (each part's logs and probe.json, archived after each
+part); the parts write under --work_dir, and the saved picks and compile
+caches live under --cache_dir, outside OUT, where the next command on the
+same machine finds them.
 """
 
-import dataclasses
+
 import json
 import os
-import statistics
-import subprocess
-import sys
+import shutil
+import tarfile
 import time
 
-from pipeline.rules.speed import autotune
+from pipeline.probe import call_parts
+from pipeline.probe import call_summary
 
-# Seconds kept back so the call ends within its budget, and the least a
-# step is started with (a process's start and one compile).
-_MARGIN_S = 10
-_LEAST_S = 45
+# A part runs at most this many times its prediction.
+_WATCHDOG = 2.0
 
-_TINY_CONVOLUTION = """
-import jax, jax.numpy as jnp
-x = jnp.ones((8, 16, 16, 32), jnp.bfloat16)
-w = jnp.ones((3, 3, 1, 32), jnp.bfloat16)
-f = jax.jit(lambda x, w: jax.lax.conv_general_dilated(
-    x, w, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
-    feature_group_count=32))
-print(float(f(x, w).astype(jnp.float32).sum()))
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-  name: str
-  what: str
-  flags: tuple
-
-
-STEPS = (
-    Step('A', 'autotunes anew and saves its picks; depthwise=pallas_forward '
-         'in the same process', ('--stages=a', '--save_autotune', '--keep_hlo',
-                                 '--variant=depthwise=pallas_forward')),
-    Step('B', "loads A's picks, require-complete",
-         ('--stages=ahg', '--autotune=require', '--keep_hlo')),
-    Step('with_pallas', 'depthwise=pallas',
-         ('--stages=ahg', '--config.depthwise=pallas')),
-    Step('keras', "loads the picks; Keras' own model.fit",
-         ('--stages=af', '--autotune=load')),
-    Step('C', 'loads the picks, require-complete',
+Part = call_parts.Part
+PARTS = (
+    Part('train', "launch.train --backend=jax, ImageNet's recipe on "
+         'photographs written here; SIGTERM once, resumed to Done', 3, 120),
+    Part('flags', "XLA's autotune flags on this jaxlib", 0, 20),
+    Part('A', 'autotunes anew; its picks saved once (a) has a rate', 1, 30,
+         ('--stages=a', '--save_autotune', '--keep_hlo')),
+    Part('B', "loads A's picks, require-complete; fed from the host; "
+         'profiled', 2, 40, ('--stages=ahg', '--autotune=require')),
+    Part('C', "loads A's picks, require-complete", 1, 30,
          ('--stages=a', '--autotune=require')),
-    Step('with_stacked_grad', 'depthwise=stacked_grad',
-         ('--stages=ah', '--config.depthwise=stacked_grad')),
+    Part('keras', "loads the picks; Keras' own model.fit", 2, 60,
+         ('--stages=af', '--autotune=load')),
+    Part('forms', 'the depthwise experiments, each against (a)', 5, 30,
+         ('--stages=a', '--autotune=load',
+          *(f'--variant=depthwise={form}' for form in (
+              'pallas', 'pallas_forward', 'stacked_grad', 'shifted')))),
+    Part('kernels', "depthwise=pallas's kernels against XLA's, shape by "
+         'shape, and their tiles', 0, 150),
 )
-# The loading processes, whose spread shows the same kernels in each.
-LOADING = ('B', 'keras', 'C')
+ORDER = tuple(part.name for part in PARTS)
 
 
-def environment(out):
-  """The steps' environment: picks saved under OUT/cache, no compile
-  cache (each process compiles: what is measured)."""
-  env = dict(os.environ, XDG_CACHE_HOME=os.path.join(out, 'cache'),
-             PYTHONUNBUFFERED='1')
-  env.pop('JAX_COMPILATION_CACHE_DIR', None)
-  return env
+def run_part(call, part):
+  """`part`'s record: skipped with its prediction where it would not fit,
+  else run under its watchdog."""
+  predicted_s, left_s = call.predicted_s(part), call.left_s()
+  basis = (f'{part.compiles} compile(s) at {call.compile_s:.0f} s '
+           f"({'measured here' if call.measured else 'guessed'}) and "
+           f'{part.fixed_s} s') if part.compiles else f'{part.fixed_s} s'
+  record = {'what': part.what, 'predicted_s': round(predicted_s)}
+  if predicted_s > left_s:
+    return dict(record, skipped=f'needs about {predicted_s:.0f} s '
+                f'({basis}); {max(left_s, 0):.0f} s of the budget left')
+  watchdog_s = _WATCHDOG * predicted_s
+  timeout_s = min(watchdog_s, left_s)
+  # What a kill at timeout_s means.
+  why = 'watchdog' if watchdog_s <= left_s else 'budget'
+  began = time.monotonic()
+  if part.name == 'train':
+    record.update(call_parts.run_train(call, timeout_s, why))
+  elif part.name == 'flags':
+    record.update(call_parts.check_flags(call, timeout_s))
+  elif part.name == 'kernels':
+    record.update(call_parts.check_kernels(call, timeout_s, why))
+  else:
+    record.update(call_parts.run_probe(call, part, timeout_s, why))
+  record['seconds'] = round(time.monotonic() - began, 1)
+  return record
 
 
-def check_flags(out, env):
-  """Each of autotune.FLAGS given to this jaxlib (which aborts on a flag it
-  does not know) on a tiny convolution: written, then loaded with
-  require-complete."""
-  results = os.path.join(out, 'flags', 'picks.textproto')
-  os.makedirs(os.path.dirname(results), exist_ok=True)
-  figures = {}
-  for name, xla_flags in (
-      ('dump', [f'{autotune.DUMP_FLAG}={results}']),
-      ('load_require_complete', autotune.flags(results, True))):
-    done = subprocess.run(
-        [sys.executable, '-c', _TINY_CONVOLUTION], capture_output=True,
-        text=True, check=False, timeout=300,
-        env=dict(env, XLA_FLAGS=autotune.with_flags(env.get('XLA_FLAGS'),
-                                                    xla_flags)))
-    figures[name] = {'exit': done.returncode,
-                     'tail': (done.stderr or done.stdout).strip()[-300:]
-                     if done.returncode else ''}
-  figures['results_written'] = os.path.exists(results)
-  figures['accepted'] = all(figures[n]['exit'] == 0 for n in
-                            ('dump', 'load_require_complete'))
-  return figures
-
-
-def check_kernels(out, env, timeout_s=120, sections=('rows', 'tiles')):
-  """depthwise_check's `sections` (pallas against XLA, shape by shape; the
-  gradients' tiles)."""
-  path = os.path.join(out, f'kernels-{"-".join(sections)}.json')
-  try:
-    done = subprocess.run(
-        [sys.executable, '-m', 'pipeline.probe.depthwise_check', path,
-         *sections],
-        capture_output=True, text=True, check=False, timeout=timeout_s,
-        env=env)
-    failed = done.returncode and (done.stderr or done.stdout).strip()[-400:]
-  except subprocess.TimeoutExpired:
-    failed = f'outlasted {timeout_s} s'
-  try:
-    with open(path, encoding='utf-8') as f:
-      figures = json.load(f)
-  except (OSError, ValueError):
-    figures = {}
-  if failed:
-    figures['failed'] = failed
-  return figures
-
-
-def run_step(step, probe_flags, out, env, timeout_s):
-  """One step's process; its probe.json's stages, or why there are none."""
-  folder = os.path.join(out, step.name)
-  began = time.perf_counter()
-  try:
-    done = subprocess.run(
-        [sys.executable, '-m', 'launch.probe', *probe_flags, *step.flags,
-         f'--out={folder}', f'--budget_s={int(timeout_s)}'],
-        capture_output=True, text=True, check=False, timeout=timeout_s + 15,
-        env=env)
-    output = done.stdout + done.stderr
-  except subprocess.TimeoutExpired:
-    return {'failed': f'outlasted {timeout_s:.0f} s',
-            'seconds': round(time.perf_counter() - began, 1)}
-  with open(os.path.join(out, f'{step.name}.log'), 'w', encoding='utf-8') as f:
-    f.write(output)
-  try:
-    with open(os.path.join(folder, 'probe.json'), encoding='utf-8') as f:
-      written = json.load(f)
-    figures = {'stages': written['stages'],
-               'variants': written.get('variants', {})}
-  except (OSError, ValueError, KeyError):
-    figures = {'failed': f'exit {done.returncode}: ' + ' '.join(
-        output.strip().splitlines()[-2:])[-400:]}
-  figures['seconds'] = round(time.perf_counter() - began, 1)
-  figures['noisy_timing_lines'] = output.count(autotune.NOISY_TIMING)
-  figures['saved'] = [line for line in output.splitlines()
-                      if 'autotune picks' in line]
-  return figures
-
-
-# Steps that are no probe process: the flags, the kernels shape by shape
-# (and their gradients' tiles alone).
-CHECKS = ('flags', 'kernels', 'tiles')
-ORDER = ('flags', 'kernels', *(step.name for step in STEPS))
-# Every step a call may name.
-NAMES = (*ORDER, 'tiles')
-
-
-def run(out, budget_s, probe_flags, order=ORDER, report=print):
-  """The call: the steps named in `order`, each skipped where it would not
-  end in what is left of `budget_s`; the figures (OUT/call.json)."""
-  began = time.perf_counter()
-  env = environment(out)
-  figures = {'probe_flags': list(probe_flags), 'steps': {}}
-  steps = {step.name: step for step in STEPS}
-
-  def save():
-    figures['elapsed_s'] = round(time.perf_counter() - began, 1)
-    figures['summary'] = summarize(figures['steps'])
-    with open(os.path.join(out, 'call.json.partial'), 'w',
-              encoding='utf-8') as f:
-      json.dump(figures, f, indent=2)
-    os.replace(os.path.join(out, 'call.json.partial'),
-               os.path.join(out, 'call.json'))
-
+def run(out, work, cache_dir, budget_s, probe_flags, train_flags, order=ORDER,
+        compile_s=90.0, photos=1024, report=print):
+  """The call: the parts named in `order`, in that order; its figures
+  (OUT/call.json, and the parts' files in OUT/call-files.tar.gz)."""
+  os.makedirs(out, exist_ok=True)
+  shutil.rmtree(work, ignore_errors=True)  # An earlier call's files.
+  os.makedirs(work)
+  call = call_parts.Call(out, work, call_parts.environment(cache_dir),
+                         list(probe_flags), list(train_flags), compile_s,
+                         time.monotonic() + budget_s, photos)
+  began = time.monotonic()
+  figures = {'budget_s': budget_s, 'cache': call_parts.cache_state(cache_dir),
+             'probe_flags': list(probe_flags), 'parts': {}}
+  report(f"gpu_call: cache {figures['cache']}")
+  parts = {part.name: part for part in PARTS}
   for name in order:
-    left_s = budget_s - (time.perf_counter() - began) - _MARGIN_S
-    if left_s < _LEAST_S:
-      result = {'skipped': f'{left_s:.0f} s of the budget left'}
-    elif name == 'flags':
-      result = check_flags(out, env)
-    elif name in CHECKS:
-      result = check_kernels(out, env, left_s, (
-          ('rows', 'tiles') if name == 'kernels' else ('tiles',)))
-    else:
-      result = dict(run_step(steps[name], probe_flags, out, env, left_s),
-                    what=steps[name].what)
-    (figures if name in CHECKS else figures['steps'])[name] = result
-    report(f'gpu_call: {name}: '
-           f'{json.dumps(result)[:2000] if name in CHECKS else _brief(result)}')
-    save()
-  for line in summary_lines(figures['summary']):
+    record = run_part(call, parts[name])
+    figures['parts'][name] = record
+    figures['elapsed_s'] = round(time.monotonic() - began, 1)
+    figures['summary'] = call_summary.summarize(figures['parts'])
+    _save(out, work, figures)
+    report(f'gpu_call: {name}: {call_summary.brief(record)}')
+  for line in call_summary.summary_lines(figures['summary']):
     report(f'gpu_call: {line}')
   return figures
 
 
-def _brief(result):
-  """A step's figures in one line: each stage's rate and compile time."""
-  if 'stages' not in result:
-    return json.dumps(result)[:400]
-  rows = []
-  for name, stage in result['stages'].items():
-    shown = {k: stage[k] for k in ('images_per_sec', 'compile_s',
-                                   'convolutions', 'kernel_picks', 'failed',
-                                   'skipped') if k in stage}
-    rows.append(f'{name} {json.dumps(shown)}')
-  for name, variant in result.get('variants', {}).items():
-    shown = {k: variant[k] for k in ('images_per_sec', 'of_baseline',
-                                     'compile_s', 'failed') if k in variant}
-    rows.append(f'variant {name} {json.dumps(shown)}')
-  return (f"{'; '.join(rows)}; {result['seconds']} s, "
-          f"{result['noisy_timing_lines']} noisy timing lines")
+def _save(out, work, figures):
+  """call.json and the archive of the parts' files, each replaced whole."""
+  path = os.path.join(out, 'call.json')
+  with open(f'{path}.partial', 'w', encoding='utf-8') as f:
+    json.dump(figures, f, indent=2)
+  os.replace(f'{path}.partial', path)
+  archive = os.path.join(out, 'call-files.tar.gz')
+  with tarfile.open(f'{archive}.partial', 'w:gz') as tar:
+    for name in sorted(os.listdir(work)):
+      if name != 'photos':  # Made here, made again: not figures.
+        tar.add(os.path.join(work, name), arcname=name)
+  os.replace(f'{archive}.partial', archive)
 
 
-def _stage(steps, name, stage, key='images_per_sec'):
-  return steps.get(name, {}).get('stages', {}).get(stage, {}).get(key)
-
-
-def summarize(steps):
-  """What the call shows: the loaded picks against A's, the spread of
-  the processes that load them, each form against the baseline, and the
-  step against Keras' own model.fit."""
-  rate = lambda name: _stage(steps, name, 'a_device_rate')
-  loading = {n: rate(n) for n in LOADING if rate(n)}
-  summary = {}
-  if rate('A') and loading:
-    summary['of_A'] = {n: round(r / rate('A'), 4) for n, r in loading.items()}
-    summary['compile_s'] = {n: _stage(steps, n, 'a_device_rate',
-                                      'compile_s') for n in ('A', *loading)}
-    summary['same_algorithms_as_A'] = {
-        n: _stage(steps, n, 'a_device_rate',
-                  'convolution_algorithms_sha256') ==
-        _stage(steps, 'A', 'a_device_rate', 'convolution_algorithms_sha256')
-        for n in loading}
-    summary['kernel_picks'] = {
-        n: _stage(steps, n, 'a_device_rate', 'kernel_picks')
-        for n in loading}
-  if len(loading) > 1:
-    values = list(loading.values())
-    summary['loading_spread'] = round(
-        (max(values) - min(values)) / statistics.median(values), 4)
-  baseline = statistics.median(loading.values()) if loading else rate('A')
-  for step in ('with_pallas', 'with_stacked_grad'):
-    if rate(step) and baseline:
-      summary[f'{step}_of_baseline'] = round(rate(step) / baseline, 4)
-  for name, variant in steps.get('A', {}).get('variants', {}).items():
-    # Timed in A's process beside A's step timed again just before.
-    summary[f'{name} (in A)'] = variant.get('of_baseline',
-                                            variant.get('failed'))
-  keras = _stage(steps, 'keras', 'f_keras_fit')
-  fed = {n: _stage(steps, n, 'h_host_fed') for n in
-         ('B', 'with_pallas', 'with_stacked_grad')}
-  fed = {n: r for n, r in fed.items() if r}
-  if keras and fed:
-    best = max(fed, key=fed.get)
-    summary['host_fed_of_keras_fit'] = {
-        'ours': best, 'images_per_sec': fed[best],
-        'keras_images_per_sec': keras, 'ratio': round(fed[best] / keras, 4),
-        'baseline_alternating_in_its_process': steps['keras']['stages'][
-            'f_keras_fit'].get('this_projects_step_against_it')}
-  summary['depthwise_ms_per_step'] = {
-      n: _depthwise_classes(steps, n) for n in ('B', 'with_pallas')}
-  return summary
-
-
-def _depthwise_classes(steps, name):
-  profile = steps.get(name, {}).get('stages', {}).get('g_profile', {})
-  return {k: v.get('ms_per_step') for k, v in profile.get('by_class', {})
-          .items() if k.startswith('depthwise')}
-
-
-def summary_lines(summary):
-  """The summary as the call's last lines."""
-  return [f'{key}: {json.dumps(value)}' for key, value in summary.items()]
