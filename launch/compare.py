@@ -7,6 +7,10 @@ would write.
       --double_batch_16bit --config=configs/cifar100.py
   python -m launch.compare --policies=float32,mixed_bfloat16,rewrite \
       --seeds=0,1,2     # accuracy parity: the table then shows seed means
+  # Beside each policy, Keras' own model.fit of keras.applications' network
+  # on the same input, optimizer and policy (launch.keras_fit):
+  python -m launch.compare --policies=float32,mixed_bfloat16 --keras_fit \
+      --config.image_size=128
 
 Each run is its own `python -m launch.train` process under --workdir (default
 runs/compare_<model>_<dataset>); --config, --config.KEY=VALUE and hardware
@@ -59,6 +63,11 @@ DOUBLE_BATCH_16BIT = flags.DEFINE_bool(
     'double_batch_16bit', False, 'Twice the global batch for 16-bit policies '
     '(half the activation memory), with half the steps: every run still sees '
     'the same examples.')
+KERAS_FIT = flags.DEFINE_bool(
+    'keras_fit', False, "Beside each policy's run (but rewrite), Keras' own "
+    "model.fit of keras.applications' network on the same input, "
+    'optimizer, schedule and policy (python -m launch.keras_fit), in '
+    'keras_fit_<policy>/: images/s and final accuracy in the same table.')
 TIME_TO_ACCURACY = flags.DEFINE_bool(
     'time_to_accuracy', False, 'Instead: train the config as it is and again '
     'with progressive learning (its progressive_stages, else 2), one after '
@@ -113,7 +122,8 @@ def main(config):
       double_batch_16bit=DOUBLE_BATCH_16BIT.value,
       root=root,
       forwarded_args=cli.config_args() + cli.hardware_args(),
-      command=('python', '-m', 'launch.compare', *sys.argv[1:]))
+      command=('python', '-m', 'launch.compare', *sys.argv[1:]),
+      keras_fit=KERAS_FIT.value)
   # A stop (SIGTERM, Ctrl-C) leaves the run in progress saved.
   return 0 if compare.run_comparison(request, config) else 1
 

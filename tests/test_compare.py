@@ -339,6 +339,61 @@ def test_seed_means_and_deltas_against_float32():
   assert '| 2.00 | +1.00 |' in table
 
 
+def test_keras_fit_stands_beside_each_keras_policy():
+  """Keras' own model.fit beside float32 and mixed_bfloat16 (no peer for
+  the graph rewrite, which is no Keras policy): its own launcher, its own
+  folder, its speed-up against its own float32, and ours over it."""
+  runs = compare.plan_runs(['float32', 'mixed_bfloat16', 'rewrite'], [0], 64,
+                           False, 'root', keras_fit=True)
+  assert [(r.name, r.trainer) for r in runs] == [
+      ('float32', 'ours'), ('keras_fit_float32', 'keras_fit'),
+      ('mixed_bfloat16', 'ours'),
+      ('keras_fit_mixed_bfloat16', 'keras_fit'), ('rewrite', 'ours')]
+  assert compare.child_command(runs[1], [], 1408)[1:3] == [
+      '-m', 'launch.keras_fit']
+  assert compare.child_command(runs[0], [], 1408)[1:3] == [
+      '-m', 'launch.train']
+  metrics = {
+      'float32': _metrics('float32', 0, 100, 0.90),
+      'keras_fit_float32': dict(_metrics('float32', 0, 80, 0.88),
+                                trainer='keras_fit'),
+      'mixed_bfloat16': _metrics('mixed_bfloat16', 0, 150, 0.91),
+      'keras_fit_mixed_bfloat16': dict(_metrics('mixed_bfloat16', 0, 60,
+                                                0.87), trainer='keras_fit'),
+  }
+  rows = {row['label']: row for row in
+          comparison_report.summarize(runs, metrics, 1408)}
+  assert list(rows) == ['float32', "float32, Keras' fit", 'mixed_bfloat16',
+                        "mixed_bfloat16, Keras' fit"]
+  assert rows['mixed_bfloat16']['speedup'] == pytest.approx(1.5)
+  assert rows["mixed_bfloat16, Keras' fit"]['speedup'] == pytest.approx(0.75)
+  assert rows['mixed_bfloat16']['of_keras_fit'] == pytest.approx(2.5)
+  assert rows['float32']['of_keras_fit'] == pytest.approx(1.25)
+  assert rows["float32, Keras' fit"]['of_keras_fit'] is None
+  assert comparison_report.initial_weights(runs, metrics) == {0: ['seed0']}
+
+
+@pytest.mark.slow
+def test_keras_fit_trains_beside_the_run(tmp_path, tfds_dir):
+  """Both processes train the digits; the table holds each one's rate
+  and accuracy, and ours over Keras' fit."""
+  root = str(tmp_path / 'fit')
+  result = run_compare(*_tiny(root, tfds_dir), '--policies=float32',
+                       '--keras_fit')
+  assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+  summary = json.load(open(os.path.join(root, 'comparison.json')))
+  ours, fit = summary['rows']
+  assert fit['label'] == "float32, Keras' fit"
+  for row in (ours, fit):
+    assert row['images_per_sec'] > 0 and 0 <= row['eval_accuracy'] <= 1
+    assert row['total_steps'] == ours['total_steps']
+  assert ours['of_keras_fit'] == pytest.approx(
+      ours['images_per_sec'] / fit['images_per_sec'])
+  assert "| float32, Keras' fit |" in result.stdout
+  log = open(os.path.join(root, 'keras_fit_float32', 'train.log')).read()
+  assert "(Keras' model.fit)" in log
+
+
 def _digits_folder(root, per_class):
   """The bundled digits as a folder of class folders of PNG files (the
   layout Keras' image_dataset_from_directory reads), `per_class` each."""

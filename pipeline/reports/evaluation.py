@@ -19,7 +19,6 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.data import inputs
-from pipeline.data import sources
 from pipeline.reports import export
 from pipeline.rules.machine import stopping
 from pipeline.storage import checkpoint_format
@@ -100,7 +99,7 @@ class Evaluator:
                       'yet')
     result = self.trainer.evaluate(self.dataset, self.num_steps)
     report = make_report(result, step, self.plan.source,
-                         split_name(sources.held_out(self.plan.config)))
+                         split_name(self.plan.held_out))
     if self.plan.hardware.is_chief:
       write(report, self.plan.workdir)
     return report

@@ -56,6 +56,7 @@ class Plan:
   steps_per_execution_reason: str
   peak_learning_rate: float
   source: sources.Source
+  held_out: str  # The split evaluation reads, as the source names it.
   steps_per_epoch: int
   total_steps: int
   workdir: Optional[workdirs.Workdir]
@@ -243,6 +244,8 @@ def resolve(config, request, hardware=None):
       peak_learning_rate=config.base_learning_rate *
       config.global_batch_size / 256,
       source=source, steps_per_epoch=steps_per_epoch,
+      held_out=sources.SOURCES.of(config).held_out(
+          sources.SOURCES.settings(config)),
       total_steps=config.epochs * steps_per_epoch, workdir=workdir,
       cache_kind=cache_kind, cache_reason=cache_reason,
       frozen_steps=finetune.frozen_steps(tuning, steps_per_epoch),

@@ -52,11 +52,6 @@ def load_source(config, prepare=True):
                     f'{SOURCES.listed()}') from None
 
 
-def held_out(config):
-  """The name of the split evaluation reads."""
-  return SOURCES.of(config).held_out(SOURCES.settings(config))
-
-
 def inputs(config):
   """{config key: path} of what the input workers read."""
   return SOURCES.of(config).inputs(SOURCES.settings(config))

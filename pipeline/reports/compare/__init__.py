@@ -2,7 +2,9 @@
 
 run_comparison() trains one run per (policy, seed), each in a fresh process
 of `python -m launch.train` (a dtype policy, and the graph rewrite, are
-process-global), all from the same seed, split and number of examples, then
+process-global), all from the same seed, split and number of examples (and
+with keras_fit, beside each, Keras' own model.fit in a process of
+`python -m launch.keras_fit`: keras_fit.py), then
 hands the finished runs to report.py, which writes comparison.md,
 comparison.json and comparison.png into the root that holds the runs, so
 `tensorboard --logdir ROOT` overlays them.
@@ -43,6 +45,7 @@ class Run:
   seed: int
   global_batch_size: int
   workdir: str
+  trainer: str = 'ours'  # Or KERAS_FIT: Keras' own model.fit.
 
   @property
   def name(self):
@@ -57,21 +60,34 @@ class Run:
     return os.path.join(self.workdir, 'metrics.json')
 
 
-def plan_runs(policies, seeds, global_batch_size, double_batch_16bit, root):
-  """One Run per (policy, seed); 16-bit policies may get twice the batch."""
+# Run.trainer of Keras' own model.fit, and its launcher.
+KERAS_FIT = 'keras_fit'
+
+
+def plan_runs(policies, seeds, global_batch_size, double_batch_16bit, root,
+              keras_fit=False):
+  """One Run per (policy, seed), and with `keras_fit` Keras' model.fit's
+  beside each where the policy is Keras' own; 16-bit policies may get
+  twice the batch."""
   runs = []
   for policy in policies:
     # 16 bits: activations take half the memory, so the batch may double.
     batch = global_batch_size * (
         2 if double_batch_16bit and precision.is_16bit(policy) else 1)
+    trainers = ['ours'] + ([KERAS_FIT] if keras_fit and
+                           precision.keras_policy(policy) == policy else [])
     for seed in seeds:
       name = policy if len(seeds) == 1 else f'{policy}_seed{seed}'
-      runs.append(Run(policy, seed, batch, os.path.join(root, name)))
+      for trainer in trainers:
+        folder = name if trainer == 'ours' else f'{trainer}_{name}'
+        runs.append(Run(policy, seed, batch, os.path.join(root, folder),
+                        trainer))
   return runs
 
 
 def child_command(run, forwarded_args, examples_per_epoch, epochs=1):
-  """`python -m launch.train` for one run; the comparison's settings last."""
+  """`python -m launch.train` (or launch.keras_fit) for one run; the
+  comparison's settings last."""
   own = [f'--workdir={run.workdir}', f'--policy={run.policy}',
          f'--config.seed={run.seed}',
          f'--config.global_batch_size={run.global_batch_size}',
@@ -85,7 +101,8 @@ def child_command(run, forwarded_args, examples_per_epoch, epochs=1):
   if not given('eval_every_epochs'):
     # Four eval points per curve, however long the runs.
     own.append(f'--config.eval_every_epochs={epochs / 4:g}')
-  return [sys.executable, '-m', 'launch.train', *forwarded_args, *own]
+  launcher = f'launch.{"train" if run.trainer == "ours" else KERAS_FIT}'
+  return [sys.executable, '-m', launcher, *forwarded_args, *own]
 
 
 def finished_metrics(run, examples_per_epoch, epochs):
@@ -94,7 +111,8 @@ def finished_metrics(run, examples_per_epoch, epochs):
   expected = {'policy': run.policy, 'seed': run.seed,
               'global_batch_size': run.global_batch_size,
               'examples_per_epoch': examples_per_epoch, 'epochs': epochs}
-  if metrics and all(metrics.get(k) == v for k, v in expected.items()):
+  if (metrics and all(metrics.get(k) == v for k, v in expected.items()) and
+      metrics.get('trainer', 'ours') == run.trainer):
     return metrics
   return None
 
@@ -146,6 +164,7 @@ class Request:
   root: str
   forwarded_args: list  # --config..., hardware flags: passed to every run.
   command: tuple = ()  # The command line, recorded in comparison.json.
+  keras_fit: bool = False  # Keras' own model.fit beside each policy.
 
 
 def run_comparison(request, config):
@@ -154,7 +173,7 @@ def run_comparison(request, config):
     raise UserError(f'--workdir={request.root}: the comparison reads every '
                     "run's files back; use a local directory")
   runs = plan_runs(request.policies, request.seeds, config.global_batch_size,
-                   request.double_batch_16bit, request.root)
+                   request.double_batch_16bit, request.root, request.keras_fit)
   num_train_examples = (0 if config.examples_per_epoch else
                         sources.load_source(config).num_train_examples)
   examples_per_epoch = step_counts.examples_per_epoch(

@@ -25,17 +25,20 @@ def _mean(values):
 
 
 def summarize(runs, metrics_by_run, examples_per_epoch):
-  """One row per policy: means over its seeds, and deltas against float32."""
+  """One row per policy and trainer: means over its seeds, deltas against
+  the same trainer's float32, and ours against Keras' fit's rate."""
   rows = []
-  for policy in dict.fromkeys(r.policy for r in runs):
+  for policy, trainer in dict.fromkeys((r.policy, r.trainer) for r in runs):
     done = [(r, metrics_by_run[r.name]) for r in runs
-            if r.policy == policy and r.name in metrics_by_run]
+            if (r.policy, r.trainer) == (policy, trainer) and
+            r.name in metrics_by_run]
     if not done:
       continue
     ms = [m for _, m in done]
     rate = _mean(m.get('train_images_per_sec') for m in ms)
     rows.append({
-        'policy': policy,
+        'policy': policy, 'trainer': trainer,
+        'label': policy if trainer == 'ours' else f"{policy}, Keras' fit",
         'seeds': [r.seed for r, _ in done],
         'global_batch_size': done[0][0].global_batch_size,
         'total_steps': ms[0]['total_steps'],
@@ -53,14 +56,19 @@ def summarize(runs, metrics_by_run, examples_per_epoch):
                           if any(m.get('final_loss_scale') for m in ms)
                           else None),
     })
-  base = next((r for r in rows if r['policy'] == BASELINE), None)
+  ratio = lambda a, b: a / b if a and b else None
   for row in rows:
-    row['speedup'] = (row['images_per_sec'] / base['images_per_sec']
-                      if base and row['images_per_sec'] and
-                      base['images_per_sec'] else None)
+    base = next((r for r in rows if r['policy'] == BASELINE and
+                 r['trainer'] == row['trainer']), None)
+    peer = next((r for r in rows if r['policy'] == row['policy'] and
+                 r['trainer'] != 'ours'), None)
+    row['speedup'] = ratio(row['images_per_sec'],
+                           base and base['images_per_sec'])
     row['accuracy_delta_points'] = (
         100 * (row['eval_accuracy'] - base['eval_accuracy']) if base
         else None)
+    row['of_keras_fit'] = (ratio(row['images_per_sec'], peer['images_per_sec'])
+                           if peer and row['trainer'] == 'ours' else None)
   return rows
 
 
@@ -69,7 +77,7 @@ def initial_weights(runs, metrics_by_run):
   digests = {}
   for run in runs:
     metrics = metrics_by_run.get(run.name)
-    if metrics:
+    if metrics and run.trainer == 'ours':  # Keras' fit keeps no digest.
       digests.setdefault(run.seed, set()).add(
           metrics.get('initial_weights_sha256'))
   return {seed: sorted(d, key=str) for seed, d in digests.items()}
@@ -80,7 +88,7 @@ def _cell(value, spec):
 
 
 _COLUMNS = (
-    ('policy', 'policy', 's'), ('global batch', 'global_batch_size', 'd'),
+    ('policy', 'label', 's'), ('global batch', 'global_batch_size', 'd'),
     ('steps', 'total_steps', 'd'), ('examples seen', 'examples_seen', ',d'),
     ('images/s', 'images_per_sec', ',.0f'), ('s/epoch', 'epoch_s', '.2f'),
     ('compile s', 'compile_s', '.1f'), ('peak MiB', 'peak_mib', ',.0f'),
@@ -89,7 +97,8 @@ _COLUMNS = (
     ('loss scale', 'final_loss_scale', 'g'),
     ('skipped steps', 'skipped_steps', '.0f'),
     ('speed-up', 'speedup', '.2f'),
-    ('accuracy diff (points)', 'accuracy_delta_points', '+.2f'))
+    ('accuracy diff (points)', 'accuracy_delta_points', '+.2f'),
+    ("of Keras' fit", 'of_keras_fit', '.2f'))
 
 
 def markdown_table(rows):
@@ -127,6 +136,13 @@ def _notes(rows, digests, examples_per_epoch, epochs):
   if not any(r['policy'] == BASELINE for r in rows):
     notes.append('No float32 run: speed-up and accuracy difference are not '
                  'computed.')
+  if any(r['trainer'] != 'ours' for r in rows):
+    notes.append("Keras' fit: keras.applications' layers trained by "
+                 "model.fit on the same input, optimizer, schedule, policy "
+                 'and steps per execution; its speed-up and accuracy '
+                 "difference are against its own float32; \"of Keras' fit\" "
+                 "is this project's rate over it in the same policy. Its "
+                 'curves are not plotted (it writes no TensorBoard events).')
   return notes
 
 
@@ -165,7 +181,7 @@ def plot(root, runs, metrics_by_run):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
   for run in runs:
-    if run.name not in metrics_by_run:
+    if run.name not in metrics_by_run or run.trainer != 'ours':
       continue
     batch = metrics_by_run[run.name]['global_batch_size']
     board = os.path.join(run.workdir, 'tensorboard')
