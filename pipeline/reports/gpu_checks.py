@@ -14,9 +14,10 @@ written after every check.
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
+
+from pipeline.probe import call_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,30 +87,24 @@ def run(out, budget_s, checks=CHECKS, python=sys.executable):
 
 
 def _run_one(check, out, timeout_s, python):
+  """One check's process (the probe's runner: its whole session stopped at
+  the end of the budget), its output in OUT/NAME.log."""
   args = [arg.format(out=out) for arg in check.args]
+  log = os.path.join(out, f'{check.name}.log')
   began = time.monotonic()
-  try:
-    done = subprocess.run([python, '-m', *args], capture_output=True,
-                          text=True, timeout=timeout_s, check=False)
-    entry = {'exit': done.returncode}
-    output = done.stdout + done.stderr
-  except subprocess.TimeoutExpired as e:
-    entry = {'exit': None, 'cut_off': 'stopped at the end of the budget'}
-    output = _text(e.stdout) + _text(e.stderr)
+  exit_code, _, killed = call_parts.run_process(
+      [python, '-m', *args], dict(os.environ), timeout_s, log)
+  entry = ({'exit': None, 'cut_off': 'stopped at the end of the budget'}
+           if killed else {'exit': exit_code})
+  with open(log, encoding='utf-8', errors='replace') as f:
+    tail = f.read().splitlines()[-30:]
   entry.update(command=' '.join(['python -m', *args]),
-               seconds=round(time.monotonic() - began),
-               output_tail=output.splitlines()[-30:])
+               seconds=round(time.monotonic() - began), output_tail=tail)
   path = os.path.join(out, check.output) if check.output else ''
   if path and os.path.exists(path):
     with open(path, encoding='utf-8') as f:
       entry['figures'] = json.load(f)
   return entry
-
-
-def _text(output):
-  if isinstance(output, bytes):
-    return output.decode('utf-8', 'replace')
-  return output or ''
 
 
 def _line(entry):
