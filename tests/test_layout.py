@@ -667,3 +667,29 @@ def test_the_notes_stay_short_and_the_readme_maps_the_code():
   code_map = readme.split('## The code, in one screen')[1].split('\n## ')[0]
   assert [floor for floor in pipeline.FLOORS
           if not re.search(rf'\b{floor}(/|\.py)', code_map)] == []
+
+
+def _unnamed_modules(package_folder):
+  """The modules of a package its __init__'s docstring does not name."""
+  doc = ast.get_docstring(ast.parse(open(
+      os.path.join(package_folder, '__init__.py'), encoding='utf-8').read()))
+  return sorted(name for name in os.listdir(package_folder)
+                if name.endswith('.py') and name != '__init__.py' and
+                name[:-3] not in (doc or ''))
+
+
+def test_each_package_says_what_its_modules_hold():
+  """The tree shows the design: a package's docstring names every module
+  in it, so a new file is placed where a reader looks for it."""
+  unnamed = [f'{os.path.relpath(folder, REPO)}: {", ".join(names)}'
+             for folder, _, files in os.walk(PIPELINE)
+             if '__init__.py' in files
+             for names in [_unnamed_modules(folder)] if names]
+  assert not unnamed
+
+
+def test_the_docstring_check_finds_an_unnamed_module(tmp_path):
+  (tmp_path / '__init__.py').write_text('"""holds named.py."""\n')
+  for name in ('named.py', 'forgotten.py'):
+    (tmp_path / name).write_text('')
+  assert _unnamed_modules(str(tmp_path)) == ['forgotten.py']

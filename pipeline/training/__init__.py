@@ -2,7 +2,9 @@
 
 loop.py (train_and_evaluate, one screen), actions.py (periodic work after
 each execution), progress.py (lines, bars, TensorBoard), preemption.py
-(saving on SIGTERM or Ctrl-C); a new run's first weights are
+(saving on SIGTERM or Ctrl-C), stages.py (progressive learning's stage
+changes), tracking.py (MLflow and Weights & Biases); a new run's first
+weights are
 recipe/finetune.py's.
 The loop reaches the backend only through plan.backend and its Trainer
 (backends/interface.py); it writes its reports through reports/.

@@ -3,7 +3,10 @@
 One data-parallel mesh over every device of every host (mesh.py), one
 jitted program per step, dispatched a step at a time (programs.py), under
 a Trainer (trainer.py) whose state is one pytree of JAX arrays
-(train_state.py). Checkpoints are Keras' `.weights.h5` files,
+(train_state.py), the moving average as one vector (ema.py), the host
+staging the next execution's input (staging.py), devices and hosts
+(devices.py), DALI's JAX plugin (dali_input.py). Checkpoints are Keras'
+`.weights.h5` files,
 which a TensorFlow machine reads too. tf.data (TensorFlow's CPU build)
 feeds it. Modules here import JAX; this one does not, so the choice of
 backend stays light.

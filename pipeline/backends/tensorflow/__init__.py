@@ -4,7 +4,8 @@ tf.distribute strategies (devices.py; several machines: workers.py),
 multi-step tf.functions (steps.py) under a Trainer (trainer.py), the
 moving average as replica-local variables (ema.py), XLA's rules (xla.py),
 its persistent caches (compile_cache.py), TPU Nodes' runtime versions
-(tpu_runtime.py).
+(tpu_runtime.py), --policy=rewrite's graph rewrite (graph_rewrite.py),
+DALI's TensorFlow plugin (dali_input.py).
 Checkpoints are tf.train.Checkpoint's files. Modules here import
 TensorFlow; this one does not, so the choice of backend stays light.
 """

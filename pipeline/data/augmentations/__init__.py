@@ -1,7 +1,8 @@
 """The random training transforms config.augment names, each one object in
 AUGMENTATIONS: what it does to an image, as parts both input pipelines
-implement (tf_data.py here, on tf.data; dali/ on DALI), so no module compares
-an augmentation's name.
+implement (tf_data.py here, on tf.data, with RandAugment's operations in
+autoaugment.py; dali/ on DALI), so no module compares an augmentation's
+name.
 
 A new augmentation is a line below where it combines these parts; a new
 part is a field here and its few lines in tf_data.py and dali/.

@@ -5,7 +5,8 @@ tfds_set/ (any tensorflow-datasets image classification set: the fallback
 for a name no other source takes; the bundled sklearn_digits), tfrecord/
 (TFRecord files: their format, and the bundled photographs), image_folder/
 (a folder of class folders) and csv_list/ (a CSV of image paths and
-labels); source.py and listed_files.py what they share. Each package's
+labels); source.py, listed_files.py and detail.py (how much detail a
+sample of the images holds) what they share. Each package's
 __init__ declares the source, its other modules read it. Each says what a run asks of it (its config keys and checks, the
 files its workers read, the split evaluation reads, whether DALI can read
 it, whether its class names are the user's) and loads itself into a

@@ -5,7 +5,8 @@ part: the tf.data pipeline alone (first pass with the cache cold, then warm;
 per core; beside tensorflow/tpu's reference preprocessing on the same files),
 training on one synthetic batch already on the device (the model's ceiling),
 and training on the real input. Compile time is timed apart, never mixed into
-a throughput. The text tables of the results are tables.py's.
+a throughput. The text tables of the results are tables.py's; a step's
+time by kind of layer (--layer_times) is layer_times.py's.
 """
 
 import dataclasses

@@ -7,7 +7,10 @@ with keras_fit, beside each, Keras' own model.fit in a process of
 `python -m launch.keras_fit`: keras_fit.py), then
 hands the finished runs to report.py, which writes comparison.md,
 comparison.json and comparison.png into the root that holds the runs, so
-`tensorboard --logdir ROOT` overlays them.
+`tensorboard --logdir ROOT` overlays them. launch.compare's other
+comparisons: time_to_accuracy.py (fixed against progressive learning) and
+race.py (a folder of photographs against keras_peer.py, the code Keras'
+example writes).
 """
 
 import dataclasses

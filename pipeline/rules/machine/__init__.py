@@ -1,3 +1,4 @@
-"""What this process runs on and beside: the machine, the cluster, the
-GPUs it takes, the signals that stop it, and each device model's peak
-compute and memory bandwidth (peaks.py)."""
+"""What this process runs on and beside: the machine (hardware.py,
+probes.py), the cluster (cluster.py, slurm_variables.py), the GPUs it
+takes (placement.py), the signals that stop it (stopping.py), and each
+device model's peak compute and memory bandwidth (peaks.py)."""

@@ -1,6 +1,7 @@
 """TFRecord files of encoded images and labels (ImageNet's as
 tensorflow/tpu writes them, or launch.make_tfrecords'): each worker reads
-its own files, 16 at a time, 8 MiB read buffers."""
+its own files, 16 at a time, 8 MiB read buffers. records.py writes them;
+photos.py makes the bundled photographs."""
 
 from pipeline import parts
 from pipeline.data.sources import detail as detail_lib
