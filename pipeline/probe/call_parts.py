@@ -240,6 +240,10 @@ def check_flags(call, timeout_s):
   record['accepted'] = all(record[n]['exit'] == 0 for n in
                            ('dump', 'load_require_complete'))
   record['exit'] = 0 if record['accepted'] else 1
+  failed = [record[n] for n in ('dump', 'load_require_complete')
+            if record[n]['exit']]
+  if failed:
+    record['last_lines'] = failed[0]['last_lines']
   return record
 
 
