@@ -73,8 +73,10 @@ def train(plan, forms=False):
           tf.distribute.InputContext()).map(
               lambda images, labels, weights: (images, targets(labels),
                                                weights))
-  strategy = getattr(plan.hardware, 'strategy', None)  # JAX's has none.
-  with strategy.scope() if strategy else contextlib.nullcontext():
+  # A tf.distribute strategy's scope; JAX's mesh has none (Keras' JAX
+  # trainer places the variables itself).
+  scope = getattr(getattr(plan.hardware, 'strategy', None), 'scope', None)
+  with scope() if scope else contextlib.nullcontext():
     model = models.build_model(
         config.model, classes, sizes.train if sizes.train == sizes.eval
         else None, config.dropout_rate, config.batch_norm_momentum,
