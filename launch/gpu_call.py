@@ -1,6 +1,6 @@
 """The prepared call for a lent GPU: the main command on the JAX route,
-then the same kernels in every process, Keras' own model.fit, the
-depthwise experiments and the kernels, in that order, each part started
+then the same kernels in every process and Keras' own model.fit, in
+that order, each part started
 only where its predicted time fits the budget.
 
   python -m launch.gpu_call --out=$OUT --budget_s=510

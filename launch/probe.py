@@ -96,15 +96,6 @@ def main(argv):
   from pipeline.probe import picks  # pylint: disable=g-import-not-at-top
   from pipeline.rules.speed import saved_rate  # pylint: disable=g-import-not-at-top
   from pipeline.probe import runner as probe  # Keras loads here, on JAX.
-  from pipeline.probe import depthwise_forms  # pylint: disable=g-import-not-at-top
-  from pipeline.probe import depthwise_pallas  # pylint: disable=g-import-not-at-top
-  # The depthwise experiments, forms in this process: --config.depthwise
-  # and --variant=depthwise=... name them.
-  depthwise_forms.register()
-  # Where Pallas' GPU backend does not run (a CPU), depthwise=pallas runs
-  # its kernels interpreted rather than leaving them to XLA: the probe
-  # measures the kernels' path (numbers, not speed, there).
-  os.environ.setdefault(depthwise_pallas.INTERPRET_VARIABLE, '1')
   unknown = set(_STAGES.value) - set(probe.STAGES)
   if unknown or not _STAGES.value:
     sys.exit(f'error: --stages={_STAGES.value!r}: letters of '

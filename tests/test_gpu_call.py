@@ -20,7 +20,6 @@ from conftest import run_module  # pylint: disable=g-import-not-at-top,wrong-imp
 from pipeline.probe import call_parts  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.probe import call_summary  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.probe import gpu_call  # pylint: disable=g-import-not-at-top,wrong-import-position
-from pipeline.probe import kernel_times  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.probe import picks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pipeline.rules.speed import autotune  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -101,21 +100,6 @@ def test_the_calls_summary_of_what_an_h200_gave():
                                        '--save_autotune')
 
 
-def test_pallas_kernels_are_classed_by_their_names_inside_command_buffers():
-  """On the H200 the Pallas kernels ran inside XLA's command buffers,
-  named after their functions: each is its depthwise class."""
-  for kernel, direction in (
-      ('_depthwise_forward_kernel__3', 'forward'),
-      ('_depthwise_data_gradient_kernel__8', 'data gradient'),
-      ('_depthwise_filter_gradient_kernel__10', 'filter gradient')):
-    assert kernel_times.class_of_event('command_buffer_1236', kernel, {},
-                                       {}) == (
-                                           f'depthwise convolution: '
-                                           f'{direction}')
-  assert kernel_times.class_of_event('command_buffer_1', 'loop_fusion_2', {},
-                                     {}) is None
-
-
 def _call(tmp_path, budget_s, compile_s=90.0):
   return call_parts.Call(
       str(tmp_path / 'out'), str(tmp_path / 'work'),
@@ -160,7 +144,7 @@ def test_a_part_killed_by_its_watchdog_keeps_its_record(tmp_path):
 
 
 def test_the_prepared_call_runs_to_its_last_line_on_this_cpu(tmp_path):
-  """Every part at a tiny size (the Pallas forms interpreted): launch.train
+  """Every part at a tiny size: launch.train
   stopped by SIGTERM and resumed to its Done line, each probe process
   ending with its figures, OUT holding call.json and one archive, the
   caches outside it. No GPU autotunes here, so no picks are saved: the
@@ -191,19 +175,15 @@ def test_the_prepared_call_runs_to_its_last_line_on_this_cpu(tmp_path):
   assert train['resumed']['resumed_at_step'] > 0
   assert figures['summary']['train']['images_per_sec'] > 0
   assert parts['flags']['accepted']
-  assert [row.get('failed') for row in parts['kernels']['stages']['rows']
-          ] == [None] * 3
-  for name in ('A', 'B', 'C', 'keras', 'forms'):
+  for name in ('A', 'B', 'C', 'keras'):
     assert parts[name]['stages']['a_device_rate']['images_per_sec'] > 0, name
   assert parts['keras']['stages']['f_keras_fit']['images_per_sec'] > 0
   summary = figures['summary']
   assert set(summary['of_A']) == {'B', 'C', 'keras'}
-  for form in ('pallas', 'pallas_forward', 'stacked_grad', 'shifted'):
-    assert summary[f'depthwise={form}'] > 0
   assert summary['host_fed_of_keras_fit']['ratio'] > 0
   with tarfile.open(out / 'call-files.tar.gz') as tar:
     names = tar.getnames()
-  assert {'train.log', 'A/probe.json', 'forms/probe.json'} <= set(names)
+  assert {'train.log', 'A/probe.json', 'keras/probe.json'} <= set(names)
   # The next command on this machine finds what the first left.
   again = run_module(*command[:2], '--budget_s=60', '--steps=flags',
                      f'--work_dir={tmp_path / "work"}', f'--cache_dir={cache}',

@@ -16,7 +16,4 @@ a part of the backend:
   gpu_call.py      launch.gpu_call's parts for a lent GPU, in one budget;
                    call_parts.py how each runs, call_summary.py what
                    their records show
-  depthwise_forms.py  the depthwise experiments, forms in the probe alone
-  depthwise_pallas.py, depthwise_xla.py  their kernels (Pallas, XLA)
-  depthwise_check.py  the Pallas kernels against XLA's, shape by shape
 """

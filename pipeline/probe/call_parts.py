@@ -245,21 +245,3 @@ def check_flags(call, timeout_s):
   if failed:
     record['last_lines'] = failed[0]['last_lines']
   return record
-
-
-def check_kernels(call, timeout_s, why, sections=('rows', 'tiles')):
-  """depthwise_check's `sections` (pallas against XLA, shape by shape; the
-  gradients' tiles)."""
-  path = os.path.join(call.work, f'kernels-{"-".join(sections)}.json')
-  record = _ended({}, *run_process(
-      [sys.executable, '-m', 'pipeline.probe.depthwise_check', path,
-       *sections], call.env, timeout_s,
-      os.path.join(call.work, 'kernels.log')), why)
-  try:
-    with open(path, encoding='utf-8') as f:
-      record['stages'] = json.load(f)
-  except (OSError, ValueError):
-    record['stages'] = {}
-  return record
-
-

@@ -78,9 +78,6 @@ def summarize(parts):
     values = list(loading.values())
     summary['loading_spread'] = round(
         (max(values) - min(values)) / statistics.median(values), 4)
-  for name, variant in parts.get('forms', {}).get('variants', {}).items():
-    # Timed in one process beside the baseline's step timed just before.
-    summary[name] = variant.get('of_baseline', variant.get('failed'))
   keras = _stage(parts, 'keras', 'f_keras_fit')
   fed = _stage(parts, 'B', 'h_host_fed')
   if keras and fed:

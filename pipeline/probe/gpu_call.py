@@ -16,10 +16,6 @@ what the budget leaves.
            compile time the picks save against A's
   keras    (a) loading the picks, then Keras' own B0 with model.fit (f),
            its epochs alternating with (a)'s step timed again
-  forms    the depthwise experiments (pipeline/probe/depthwise_forms.py)
-           as variants of (a) in one process
-  kernels  depthwise=pallas's kernels against XLA's convolution on B0's
-           shapes, shape by shape, and their gradients' tiles
 
 A part's prediction is its compiles at the compile time measured so far
 on this card (the train part's first, else --compile_s) and its fixed
@@ -60,12 +56,6 @@ PARTS = (
          ('--stages=a', '--autotune=require')),
     Part('keras', "loads the picks; Keras' own model.fit", 2, 60,
          ('--stages=af', '--autotune=load')),
-    Part('forms', 'the depthwise experiments, each against (a)', 5, 30,
-         ('--stages=a', '--autotune=load',
-          *(f'--variant=depthwise={form}' for form in (
-              'pallas', 'pallas_forward', 'stacked_grad', 'shifted')))),
-    Part('kernels', "depthwise=pallas's kernels against XLA's, shape by "
-         'shape, and their tiles', 0, 150),
 )
 ORDER = tuple(part.name for part in PARTS)
 
@@ -90,8 +80,6 @@ def run_part(call, part):
     record.update(call_parts.run_train(call, timeout_s, why))
   elif part.name == 'flags':
     record.update(call_parts.check_flags(call, timeout_s))
-  elif part.name == 'kernels':
-    record.update(call_parts.check_kernels(call, timeout_s, why))
   else:
     record.update(call_parts.run_probe(call, part, timeout_s, why))
   record['seconds'] = round(time.monotonic() - began, 1)

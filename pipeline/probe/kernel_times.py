@@ -63,10 +63,6 @@ _LIBRARY_KERNEL = re.compile(r'(cudnn|cublas|xmma|gemm|conv|sm\d+_)',
                              re.IGNORECASE)
 LIBRARY_CLASS = ('convolutions and matrix products in a command buffer '
                  '(cuDNN, cuBLAS)')
-# depthwise=pallas's kernels, by the names of their functions
-# (pipeline/probe/depthwise_pallas.py), which Triton's kernels keep.
-_PALLAS_KERNEL = re.compile(
-    r'depthwise_(forward|data_gradient|filter_gradient)_kernel')
 
 
 def _kernel_name(name):
@@ -84,9 +80,6 @@ def class_of_event(hlo_op, kernel, classes, by_kernel):
       _kernel_name(kernel).rsplit('_', 1)[0])
   if found:
     return found
-  pallas = _PALLAS_KERNEL.search(kernel)
-  if pallas:
-    return f"depthwise convolution: {pallas.group(1).replace('_', ' ')}"
   if hlo_op.startswith(COMMAND_BUFFER) and _LIBRARY_KERNEL.search(kernel):
     return LIBRARY_CLASS
   return None

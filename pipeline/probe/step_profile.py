@@ -16,7 +16,6 @@ import re
 import keras
 import numpy as np
 
-from pipeline.probe import depthwise_forms
 
 _INSTRUCTION = re.compile(
     r'^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>\(.*?\)|\S+) '
@@ -35,8 +34,6 @@ _COPIES = {'copy', 'transpose', 'copy-start', 'copy-done', 'concatenate',
            'reshape', 'broadcast'}
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
                 'collective-permute')
-# A Pallas kernel on a GPU (Triton's backend): depthwise=pallas's.
-PALLAS_TARGET = '__gpu$xla.gpu.triton'
 CONVOLUTION_TARGETS = {'__cudnn$convForward': 'forward',
                        '__cudnn$convBiasActivationForward': 'forward',
                        '__cudnn$convBackwardInput': 'data gradient',
@@ -125,8 +122,6 @@ def layer_kinds(model):
       inputs = 0
     if '_se_' in f'_{name}':  # keras.applications' squeeze-and-excite.
       kinds[name] = ('squeeze-excite', inputs)
-    elif isinstance(layer, depthwise_forms.ShiftedDepthwiseConv2D):
-      kinds[name] = ('depthwise taps', inputs)
     elif isinstance(layer, keras.layers.DepthwiseConv2D):
       kinds[name] = ('depthwise convolution', inputs)
     elif isinstance(layer, keras.layers.Conv2D):
@@ -182,21 +177,12 @@ def _class_of(found, name, kinds, batch_per_device):
   layer = next((s for s in reversed(scopes) if s in kinds), None)
   kind, input_size = kinds.get(layer, (None, 0))
   convolution = (instruction['target'] in CONVOLUTION_TARGETS or
-                 instruction['target'] == PALLAS_TARGET or
                  _computes(found, instruction, ('convolution', 'dot')))
   if kind == 'squeeze-excite':
     return kind
-  if (kind == 'depthwise convolution' and 'transpose(' in op_name and
-      _computes(found, instruction, ('reduce',))):
-    # depthwise=stacked_grad's filter gradient: one reduction of the taps.
-    return 'depthwise convolution: filter gradient'
   if kind and kind.endswith('convolution') and convolution:
     return f'{kind}: ' + _direction(instruction, op_name,
                                     batch_per_device * input_size)
-  if kind == 'depthwise taps':  # Slices and products: no convolution.
-    return 'depthwise convolution: ' + (
-        'forward' if 'transpose(' not in op_name else 'filter gradient'
-        if _computes(found, instruction, ('reduce',)) else 'data gradient')
   if kind == 'batch norm':
     return ('batch-norm statistics'
             if _computes(found, instruction, ('reduce', 'reduce-window'))
