@@ -369,6 +369,38 @@ def test_the_write_check_finds_each_form():
       'other.image_size = 3\n') == [1, 2, 3, 4, 5, 6]
 
 
+def _reads_the_plans_config(text):
+  """The lines of `text` that read a plan's config (plan.config,
+  self.plan.config, _plan.config)."""
+  return sorted({node.lineno for node in ast.walk(ast.parse(text))
+                 if isinstance(node, ast.Attribute) and node.attr == 'config'
+                 and ((isinstance(node.value, ast.Name) and
+                       node.value.id.lstrip('_') == 'plan') or
+                      (isinstance(node.value, ast.Attribute) and
+                       node.value.attr.lstrip('_') == 'plan'))})
+
+
+def test_nothing_outside_run_reads_the_plans_config():
+  """The plan's fields are what runs reads: the config it was resolved
+  from is read where it is resolved and recorded (pipeline/run/), and
+  each consumer is handed the keys it reads (plan.recipe, plan.outputs)."""
+  reads = [f'{module}:{line}' for module, path in sorted(MODULES.items())
+           if not module.startswith('pipeline.run')
+           for line in _reads_the_plans_config(open(path,
+                                                     encoding='utf-8').read())]
+  assert not reads
+
+
+def test_the_plans_config_check_finds_each_form():
+  assert _reads_the_plans_config(
+      'plan.config.model\n'
+      'x = self.plan.config\n'
+      'f(_plan.config)\n'
+      'plan.recipe.model\n'
+      'jax.config.update("x", 1)\n'
+      'config.model\n') == [1, 2, 3]
+
+
 def test_few_functions_take_the_whole_config():
   taking = [f'{module}: {name}' for module, path in sorted(MODULES.items())
             for name in _take_config(open(path, encoding='utf-8').read())]

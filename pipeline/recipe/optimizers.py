@@ -70,9 +70,8 @@ def make_optimizer(config, peak, total_steps, steps_per_epoch):
 def optimizer_of_run(plan):
   """The run's optimizer and schedule, wrapped in a LossScaleOptimizer where
   its policy computes in float16 (rules/speed/precision.py)."""
-  config = plan.config
   return precision.wrap_optimizer(
-      make_optimizer(config, plan.peak_learning_rate, plan.total_steps,
+      make_optimizer(plan.recipe, plan.peak_learning_rate, plan.total_steps,
                      plan.steps_per_epoch),
       plan.policy, plan.hardware.device_kind)
 

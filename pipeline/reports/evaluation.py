@@ -80,7 +80,7 @@ class Evaluator:
     self.trainer = plan.backend.build_trainer(plan)
     trainer = self.trainer
     self.checkpointer = Checkpointer(
-        plan.workdir, plan.config.keep_checkpoints, is_chief=False,
+        plan.workdir, plan.outputs.keep_checkpoints, is_chief=False,
         if_missing={'ema': lambda path: trainer.ema.reset()},
         files=functools.partial(
             trainer.checkpoint_files,

@@ -26,14 +26,14 @@ ONNX_CHECK_IMAGES = 32  # The batch both are run on.
 def export_run(plan, trainer, name='export'):
   """The trainer's model (its moving average, if kept) exported into
   `<workdir>/<name>` as export_model writes it; the export's URL."""
-  config = plan.config
+  config = plan.outputs
   with trainer.exported_weights():
     return export_model(
         trainer.model, plan.workdir, plan.hardware.is_chief,
         metadata(plan), name=name, tflite=config.export_tflite,
         onnx=config.export_onnx, io_device=plan.io_device,
         backend=plan.backend, keras_model=plain_keras(
-            trainer.model, plan.source.num_classes, config.model))
+            trainer.model, plan.source.num_classes, plan.recipe.model))
 
 
 def export_model(model, workdir, is_chief, metadata, name='export',
@@ -117,10 +117,9 @@ def write_onnx(backend, model, metadata, staging):
 
 def metadata(plan):
   """What a user of the export needs to know: classes, input, preprocessing."""
-  config = plan.config
   source = plan.source
   return {
-      'model': config.model,
+      'model': plan.recipe.model,
       'dataset': source.name,
       'class_names': [source.class_name(i) for i in range(source.num_classes)],
       'input': 'uint8 RGB images [batch, image_size, image_size, 3]',

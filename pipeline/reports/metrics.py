@@ -16,7 +16,7 @@ def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
                 initial_weights_sha256, checkpoint_blocked_s,
                 export_dir):
   """The metrics.json dict of a finished run."""
-  config = plan.config
+  config = plan.recipe
   hardware = plan.hardware
   images_per_sec, wait_fraction = progress.meter.overall()
   return {

@@ -6,8 +6,10 @@ precision policy, XLA and steps per execution (each with its reason), checks
 the config, the workdir and the data, and sizes the run. The result is one
 frozen `Plan`: `run.json` is `Plan.to_json()`, `--dry_run` prints it, and the
 training loop, the benchmark and launch.compare read it rather than choosing
-again. The plan carries the config it was resolved from, so what runs takes
-the plan alone.
+again. The plan carries the config it was resolved from, read in run/
+alone: what runs takes the plan's fields, the keys each consumer reads
+handed down as Settings (`recipe`, `outputs`), a key not named there an
+error where it is read.
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ from absl import logging
 import ml_collections
 
 from pipeline import backends
+from pipeline import parts
 from pipeline.backends import interface
 from pipeline.data import augmentations
 from pipeline.data import cache as cache_lib
@@ -39,6 +42,9 @@ from pipeline.storage import checkpoint_format
 from pipeline.storage import workdirs
 from pipeline import recipe
 from pipeline.recipe import finetune
+from pipeline.recipe import layers
+from pipeline.recipe import optimizers
+from pipeline.recipe import schedules
 from pipeline.recipe import objective as objective_lib
 from pipeline.recipe import progressive
 
@@ -88,6 +94,11 @@ class Plan:
   chosen: left_open.Choices
   # Its stages of progressive learning: one, the whole run, where it is off.
   stages: tuple
+  # The config's keys the recipe's builders read (the network, optimizer,
+  # schedule, the update) and the run's outputs (logs, checkpoints,
+  # exports, trackers, recovery): as given, nothing left to resolve.
+  recipe: parts.Settings = dataclasses.field(compare=False, repr=False)
+  outputs: parts.Settings = dataclasses.field(compare=False, repr=False)
 
   @property
   def policy(self):
@@ -177,9 +188,14 @@ class Plan:
         'software': hardware_lib.software(),
     }
 
+  def given_config(self):
+    """The config as given (defaults filled in), a plain dict: what run.json,
+    the trackers and TensorBoard record beside the plan."""
+    return self.config.to_dict()
+
   def run_record(self):
     """run.json: the resolved run, the config, the changes it accepted."""
-    return {'resolved': self.to_json(), 'config': self.config.to_dict(),
+    return {'resolved': self.to_json(), 'config': self.given_config(),
             'accepted_changes': list(self.accepted_changes)}
 
   def describe(self):
@@ -263,12 +279,28 @@ def resolve(config, request, hardware=None):
           source.num_classes, config.label_smoothing, config.l2_weight_decay),
       input=spec, fine_tuning=tuning,
       accepted_changes=opened.accepted_changes, chosen=chosen,
-      stages=progressive.stages(chosen.progression, steps_per_epoch))
+      stages=progressive.stages(chosen.progression, steps_per_epoch),
+      recipe=parts.Settings({key: config[key] for key in (
+          *_RECIPE_KEYS, *optimizers.OPTIMIZERS.settings(config),
+          *schedules.SCHEDULES.settings(config),
+          *(table.key for table in layers.FORM_TABLES))}),
+      outputs=parts.Settings({key: config[key] for key in _OUTPUT_KEYS}))
   for line in plan.describe()[1:]:  # The backend's line is out.
     logging.info('%s', line)
   if placement.cpus_line():
     logging.warning('%s', placement.cpus_line())
   return plan
+
+
+_RECIPE_KEYS = ('model', 'dropout_rate', 'batch_norm_momentum',
+                'drop_connect_rate', 'grad_clip_norm', 'warmup_epochs',
+                'weight_decay', 'label_smoothing', 'ema_decay',
+                'gradient_accumulation_steps', 'seed', 'epochs')
+_OUTPUT_KEYS = ('log_every_steps', 'checkpoint_every_steps',
+                'keep_checkpoints', 'keep_best_metric', 'export',
+                'export_tflite', 'export_onnx', 'tracking',
+                'tracking_project', 'recovery_max_trials',
+                'recovery_max_skipped_executions')
 
 
 def _precision_and_xla(request, hardware, backend, step):

@@ -6,6 +6,7 @@ hands each to the periodic actions (progress, checkpoints, evaluation,
 preemption), then evaluates, exports and writes metrics.json.
 """
 
+import json
 import time
 
 from absl import logging
@@ -57,7 +58,7 @@ def _still_held(hold):
 
 def _train_and_evaluate(plan, extra_actions):
   started = time.perf_counter()
-  config = plan.config
+  config = plan.outputs
   hardware, workdir = plan.hardware, plan.workdir
   trainer = plan.backend.build_trainer(plan)
   # Before restoring: the seed's weights, equal across policies and batches.
@@ -143,7 +144,7 @@ def _train_and_evaluate(plan, extra_actions):
 def _checkpointers(plan, trainer):
   """The run's checkpoint series, and KeepBest's (None without
   keep_best_metric)."""
-  config = plan.config
+  config = plan.outputs
   hardware, workdir = plan.hardware, plan.workdir
 
   def start_average_here(path):
@@ -185,11 +186,10 @@ def _restore_or_initialize(plan, trainer, checkpointer):
 def _write_plan_text(plan, writer, step):
   """The plan and config as TensorBoard text, so overlaid runs can be told
   apart (the Text tab)."""
-  config = plan.config
   with writer.as_default(step=step):
     tf.summary.text('plan', '\n'.join(f'- {line}'
                                        for line in plan.describe()))
-    tf.summary.text('config', f'```\n{config.to_json_best_effort(indent=2)}'
+    tf.summary.text('config', f'```\n{json.dumps(plan.given_config(), indent=2, default=str)}'
                     '\n```')
 
 

@@ -33,7 +33,7 @@ _MLFLOW_VALUE_CHARS = 6000
 
 def parameters(plan):
   """The run's parameters: 'config.KEY' and 'plan.KEY', as flat strings."""
-  flat = {f'config.{k}': v for k, v in plan.config.to_dict().items()}
+  flat = {f'config.{k}': v for k, v in plan.given_config().items()}
   flat.update({f'plan.{k}': v for k, v in plan.to_json().items()})
   return {k: v if isinstance(v, str) else json.dumps(v, default=str)
           for k, v in flat.items()}
@@ -52,9 +52,8 @@ class MlflowTracker:
     from mlflow import entities  # pylint: disable=g-import-not-at-top
     self._entities = entities
     self.client = mlflow.MlflowClient()
-    config = plan.config
-    experiment_name = config.tracking_project or (
-        f'{config.model}_{plan.source.name}')
+    experiment_name = plan.outputs.tracking_project or (
+        f'{plan.recipe.model}_{plan.source.name}')
     experiment = self.client.get_experiment_by_name(experiment_name)
     experiment_id = (experiment.experiment_id if experiment else
                      self.client.create_experiment(experiment_name))
@@ -100,9 +99,9 @@ class WandbTracker:
   def __init__(self, plan, run_id):
     import wandb  # pylint: disable=g-import-not-at-top
     self.wandb = wandb
-    config = plan.config
     self.run = wandb.init(
-        project=config.tracking_project or f'{config.model}_{plan.source.name}',
+        project=(plan.outputs.tracking_project or
+                 f'{plan.recipe.model}_{plan.source.name}'),
         id=run_id or uuid.uuid4().hex[:8], resume='allow',
         name=os.path.basename(plan.workdir.url.rstrip('/')),
         dir=plan.workdir.path(), config=parameters(plan),
@@ -146,7 +145,7 @@ class Tracking:
   def start(cls, plan):
     """The chief's trackers, started (or resumed: their ids in the
     workdir); none elsewhere, or without `tracking`."""
-    wanted = names(plan.config.tracking)
+    wanted = names(plan.outputs.tracking)
     if not (wanted and plan.hardware.is_chief):
       return cls([], plan.workdir)
     ids = plan.workdir.read_json(IDS_FILE) or {}

@@ -295,7 +295,7 @@ def _state_of(model, optimizer, step_variables, ema, strategy):
 
 def build(plan):
   """Sets the policy and seed, builds the model and the two programs."""
-  config = plan.config
+  config = plan.recipe
   if plan.frozen_steps and plan.precision.loss_scaling:
     raise UserError(f'freeze_backbone_epochs with --policy={plan.policy} '
                     'runs on --backend=tensorflow; on JAX use '

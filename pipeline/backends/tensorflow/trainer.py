@@ -174,7 +174,7 @@ def build(plan):
 
 
 def _build(plan):
-  config = plan.config
+  config = plan.recipe
   hardware = plan.hardware
   strategy = hardware.strategy
   num_classes = plan.source.num_classes
@@ -242,8 +242,8 @@ def step_cost(plan):
   (backends/hlo_cost.py), on a model and optimizer built again outside
   the strategy, whose variables live on one device (the run's may be
   mirrored over several)."""
-  config = plan.config
-  micro_batch = plan.per_replica_batch_size // config.gradient_accumulation_steps
+  micro_batch = (plan.per_replica_batch_size //
+                 plan.recipe.gradient_accumulation_steps)
   model = models.model_of_run(plan)
   optimizer = optimizers.optimizer_of_run(plan)
   optimizer.build(model.trainable_variables)  # A loss scale's variables.

@@ -139,7 +139,7 @@ def model_of_run(plan):
   trains in progressive stages."""
   sizes = plan.image_sizes
   fixed = sizes.eval == sizes.train and len(plan.stages) == 1
-  return model_of_config(plan.config, plan.source.num_classes,
+  return model_of_config(plan.recipe, plan.source.num_classes,
                          sizes.train if fixed else None)
 
 

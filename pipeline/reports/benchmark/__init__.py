@@ -86,7 +86,6 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
   `target_images_per_sec` (what the accelerators consume); the model on a
   synthetic batch and on the real input unless `input_only`.
   """
-  config = plan.config
   source, batch = plan.source, plan.global_batch_size
   spe = plan.steps_per_execution
   batches = executions * spe
@@ -96,7 +95,7 @@ def run(plan, executions, input_only=False, target_images_per_sec=0):
                                 plan.cache_kind)
   cores = available_cores()
   result = {
-      'model': config.model, 'dataset': source.name,
+      'model': plan.recipe.model, 'dataset': source.name,
       'image_size': plan.image_sizes.train, 'global_batch_size': batch,
       'steps_per_execution': spe, 'policy': plan.policy,
       'backend': plan.backend.name, 'device_kind': plan.hardware.device_kind,

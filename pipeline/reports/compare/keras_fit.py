@@ -55,7 +55,7 @@ class _Timer(keras.callbacks.Callback):
 def train(plan, forms=False):
   """Trains and evaluates Keras' fit on `plan` (with this project's layer
   forms where `forms`); the metrics.json dict."""
-  config, source = plan.config, plan.source
+  config, source = plan.recipe, plan.source
   began = time.perf_counter()
   keras.mixed_precision.set_global_policy(precision.keras_policy(plan.policy))
   keras.utils.set_random_seed(config.seed)
