@@ -20,6 +20,8 @@ from absl import flags
 from launch import cli
 from pipeline.reports.compare import keras_fit
 from pipeline.run import plan as plan_lib
+from pipeline.rules.config import validation
+from pipeline.storage import workdirs
 
 flags.adopt_module_key_flags(cli)
 FORMS = flags.DEFINE_bool(
@@ -31,8 +33,8 @@ FORMS = flags.DEFINE_bool(
 def main(config):
   plan = plan_lib.resolve(config, cli.request(config))
   metrics = keras_fit.train(plan, FORMS.value)
-  plan.workdir.write_json('metrics.json', metrics)
-  print(f"Done: eval_accuracy {metrics['eval_accuracy']:.4f}, "
+  plan.workdir.write_json(workdirs.File.METRICS, metrics)
+  print(f"Done: eval_accuracy {metrics[validation.Metric.EVAL_ACCURACY]:.4f}, "
         f"{metrics['train_images_per_sec'] or 0:.1f} img/s (Keras' "
         f'model.fit); {plan.workdir.url}/metrics.json', flush=True)
 

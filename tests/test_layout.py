@@ -203,7 +203,7 @@ def test_the_part_check_finds_a_comparison(line):
 def _vocabularies():
   """(what, its words, the modules that own them) of every vocabulary."""
   from pipeline import backends  # pylint: disable=g-import-not-at-top
-  from pipeline.data import cache, input_pipeline  # pylint: disable=g-import-not-at-top
+  from pipeline.data import cache, input_pipeline, input_spec  # pylint: disable=g-import-not-at-top
   from pipeline.storage import checkpoint_format  # pylint: disable=g-import-not-at-top
   return [
       ('a part', _named_parts(), (*KNOWS_ITS_NAME, *KNOWS_ITS_NAME_IN)),
@@ -217,7 +217,57 @@ def _vocabularies():
        ('pipeline.storage.checkpoint_format',)),
       ('a backend', set(backends.BACKENDS) - {'auto'},
        ('pipeline.backends', NAMES_ITS_BACKEND[0])),
+      ('a cache setting', {input_spec.MEMORY}, ('pipeline.data.input_spec',)),
   ]
+
+
+def _names():
+  """(what, its words, the module that owns them) of every vocabulary
+  whose words are names, spelled nowhere else at all: the workdir's files,
+  the figures a run's evaluation is named by, the trackers."""
+  from pipeline.rules.config import validation  # pylint: disable=g-import-not-at-top
+  from pipeline.storage import workdirs  # pylint: disable=g-import-not-at-top
+  return [
+      ("a workdir's file", set(workdirs.File), 'pipeline.storage.workdirs'),
+      ('a metric', set(validation.Metric), 'pipeline.rules.config.validation'),
+      ('a tracker', set(validation.Tracker),
+       'pipeline.rules.config.validation'),
+  ]
+
+
+def _spelt_names(text, words):
+  """(line, word) of each string in `text`, docstrings aside, that is
+  one of `words`."""
+  tree = ast.parse(text)
+  docstrings = {id(node.value) for node in ast.walk(tree)
+                if isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)}
+  return [(node.lineno, node.value) for node in ast.walk(tree)
+          if isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and id(node) not in docstrings and node.value in words]
+
+
+def test_no_module_spells_another_modules_name():
+  found = [f'{module}:{line}: {word!r} ({what})'
+           for what, words, owner in _names()
+           for module, path in sorted(MODULES.items()) if module != owner
+           for line, word in _spelt_names(open(path, encoding='utf-8').read(),
+                                          words)]
+  assert not found
+
+
+@pytest.mark.parametrize('line, word', [
+    ("saved = workdir.read_json('run.json')", 'run.json'),
+    ("LOG_FILE = 'run.log'", 'run.log'),
+    ("if self.metric == 'eval_loss':\n  pass", 'eval_loss'),
+    ("print(metrics['eval_accuracy'])", 'eval_accuracy'),
+    ("TRACKERS = {'mlflow': MlflowTracker}", 'mlflow'),
+    ("  name = 'wandb'", 'wandb'),
+])
+def test_the_name_check_finds_each_kind_of_use(line, word):
+  words = {word for _, found, _ in _names() for word in found}
+  assert [w for _, w in _spelt_names(line.strip(), words)] == [word]
+  assert not _spelt_names(f'def f():\n  \"\"\"{word}\"\"\"\n', words)
 
 
 # The engines' names as cluster.py gives them (Cluster.engine).
@@ -273,6 +323,7 @@ def test_no_module_spells_another_modules_choice():
     ("formats = {'jax': 'keras .weights.h5'}", 'jax'),
     ("if plan.backend.name == 'jax':\n  pass", 'jax'),
     ("if pipeline != 'dali':\n  pass", 'dali'),
+    ("if value not in ('', 'memory'):\n  pass", 'memory'),
 ])
 def test_the_choice_check_finds_each_kind_of_use(line, word):
   words = {word for _, found, _ in _vocabularies() for word in found}

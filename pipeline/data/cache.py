@@ -13,12 +13,13 @@ import os
 from absl import logging
 import tensorflow as tf
 
+from pipeline.data import input_spec
 from pipeline.storage import gcs
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 
 
-MEMORY = 'memory'  # The setting that holds the cache in RAM; '' none.
+MEMORY = input_spec.MEMORY
 
 
 def written_paths(setting):

@@ -13,6 +13,7 @@ from pipeline.errors import UserError
 
 # What users type for "no cache", as --config.augment=none means off.
 CACHE_OFF = ('none', 'off', 'no', 'false')
+MEMORY = 'memory'  # The setting that holds the cache in RAM; '' none.
 
 
 def cache_setting(value):
@@ -22,7 +23,7 @@ def cache_setting(value):
   folder ('none-train-0.*'): a one-line UserError."""
   if value.lower() in CACHE_OFF:
     return ''
-  if value not in ('', 'memory') and not (
+  if value not in ('', MEMORY) and not (
       '/' in value or value.startswith(('~', '.'))):
     raise UserError(f"cache={value!r} is neither 'memory', '' or none (off), "
                     'nor a path: a file cache is a path prefix, e.g. '
@@ -87,7 +88,7 @@ class InputSpec:
         randaugment=dataclasses.replace(self.randaugment,
                                         magnitude=randaugment_magnitude),
         cache=(f'{self.cache}-{image_size}px'
-               if self.cache not in ('', 'memory') else self.cache))
+               if self.cache not in ('', MEMORY) else self.cache))
 
   @property
   def shuffle_seed(self):

@@ -252,7 +252,7 @@ def parts(carried_classes):
 def source_run(tuning, url, staging_dir):
   """(Workdir, run.json) of the run `init_from` names, checked."""
   workdir = workdirs.Workdir(url, os.path.join(staging_dir, 'init_from'))
-  saved = workdir.read_json('run.json')
+  saved = workdir.read_json(workdirs.File.RUN)
   if not saved:
     raise UserError(f'init_from={url!r} is not imagenet, a .h5 weights file '
                     'or the workdir of a run (it has no run.json)')

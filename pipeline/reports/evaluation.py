@@ -41,7 +41,7 @@ def run_config(url, staging_dir, overrides):
   `overrides` are --config.KEY=VALUE values, whose keys the flag parser
   already checked.
   """
-  saved = workdirs.Workdir(url, staging_dir).read_json('run.json')
+  saved = workdirs.Workdir(url, staging_dir).read_json(workdirs.File.RUN)
   if not saved:
     raise UserError(f'{url} holds no run (no run.json); pass the --workdir '
                     'of a run of launch.train')

@@ -10,6 +10,7 @@ from absl import logging
 
 from pipeline.reports import learning
 from pipeline.run import console
+from pipeline.rules.config import validation
 
 
 def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
@@ -49,14 +50,14 @@ def run_metrics(plan, trainer, progress, final_eval, *, initial_step,
       'final_loss_scale': trainer.loss_scale,
       # With a moving average (ema_decay), eval_* are the averaged weights'
       # (what is exported) and eval_*_raw the model's own; else *_raw None.
-      'eval_accuracy': final_eval['accuracy'],
+      validation.Metric.EVAL_ACCURACY: final_eval['accuracy'],
       'eval_accuracy_raw': final_eval.get('accuracy_raw'),
       # Top-5 of 5 classes or fewer is always 1: reported from 6 classes.
       'eval_top5_accuracy': (final_eval['top5_accuracy']
                              if plan.source.num_classes > 5 else None),
       'eval_top5_accuracy_raw': (final_eval.get('top5_accuracy_raw')
                                  if plan.source.num_classes > 5 else None),
-      'eval_loss': final_eval['loss'],
+      validation.Metric.EVAL_LOSS: final_eval['loss'],
       'eval_loss_raw': final_eval.get('loss_raw'),
       'eval_examples': int(final_eval['examples']),
       # One line where the final evaluation shows a model that has not
@@ -87,7 +88,7 @@ def log_done(result, workdir_url):
     logging.warning('%s', warning)
   logging.info('Done: eval_accuracy %.4f%s%s, %s img/s, input wait %s, '
                'wall time %s, weights sha256 %s; metrics in %s%s',
-               result['eval_accuracy'],
+               result[validation.Metric.EVAL_ACCURACY],
                '' if top5 is None else f', top-5 {top5:.4f}',
                '' if raw is None else
                f' (moving average; raw weights {raw:.4f})',

@@ -24,8 +24,9 @@ import sys
 from absl import logging
 
 from pipeline.run import environment
+from pipeline.storage import workdirs
 
-LOG_FILE = 'run.log'
+LOG_FILE = workdirs.File.LOG
 _OWN = tuple(os.path.join(environment.REPO, folder) + os.sep
              for folder in ('pipeline', 'launch', 'configs'))
 

@@ -160,7 +160,7 @@ def check_same_run(workdir, ours, backend=None):
   is not the one that trained it (each resumes from its own checkpoint
   files, and the other's would be passed over and the run start again),
   or if it holds another data set or network (RUN_IDENTITY)."""
-  saved = workdir.read_json('run.json')
+  saved = workdir.read_json(workdirs.File.RUN)
   if not saved:
     return None
   for key in RUN_IDENTITY:
@@ -209,7 +209,7 @@ def _accepted(workdir, saved, changes, accept):
 def _finished(workdir, saved):
   """Whether the workdir's run (its run.json, `saved`) trained to its end:
   its metrics.json counts the steps its run.json plans."""
-  metrics = workdir.read_json('metrics.json')
+  metrics = workdir.read_json(workdirs.File.METRICS)
   return bool(metrics) and metrics.get('total_steps') == saved.get(
       'resolved', {}).get('total_steps')
 
@@ -231,7 +231,7 @@ def print_accepted(url, change, finished):
 def _default_workdir_of(url, ours, request):
   """The default workdir, or where it holds another recipe, the recipe's
   own beside it (URL-rDIGEST), said with why."""
-  saved = _workdir(url, request).read_json('run.json')
+  saved = _workdir(url, request).read_json(workdirs.File.RUN)
   if not saved:
     return url
   changes = [change for change in changes_from(saved, ours, url)

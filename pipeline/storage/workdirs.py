@@ -5,6 +5,7 @@ crash never leaves a half-written config, metrics file or export behind; a
 GCS object is replaced whole by each upload.
 """
 
+import enum
 import json
 import os
 import uuid
@@ -15,6 +16,16 @@ import tensorflow as tf
 from pipeline.storage import gcs
 from pipeline.errors import UserError
 from pipeline.errors import first_line
+
+
+class File(enum.StrEnum):
+  """The files a run keeps at its workdir's top, each name spelled here
+  alone (a checkpoint series and an export are folders of their own)."""
+  RUN = 'run.json'  # The config as given and the plan (run/run_workdir.py).
+  METRICS = 'metrics.json'  # A finished run's figures (reports/metrics.py).
+  LOG = 'run.log'  # Its log, appended by each resume (run/console.py).
+  TRACKING = 'tracking.json'  # Its trackers' run ids (training/tracking.py).
+  BEST = 'best_checkpoint.json'  # keep_best_metric's best so far.
 
 
 def check_writable(directory, what='workdir'):

@@ -19,6 +19,8 @@ import tensorflow as tf
 
 from pipeline.run import console
 from pipeline.errors import UserError
+from pipeline.rules.config import validation
+from pipeline.storage import workdirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +92,7 @@ class RecordRun:
 
   def __call__(self, execution):
     if self.record is not None:
-      self.workdir.write_json('run.json', self.record)
+      self.workdir.write_json(workdirs.File.RUN, self.record)
       self.record = None
 
 
@@ -281,10 +283,10 @@ class KeepBest:
   with it.
   """
 
-  RECORD = 'best_checkpoint.json'
+  RECORD = workdirs.File.BEST
 
   def __init__(self, metric, checkpointer, workdir, is_chief):
-    self.metric = metric  # 'eval_accuracy' or 'eval_loss'.
+    self.metric = validation.Metric(metric)
     self.checkpointer = checkpointer
     self.workdir = workdir
     self.is_chief = is_chief
@@ -294,7 +296,7 @@ class KeepBest:
   def _better(self, value):
     if self.best is None:
       return True
-    if self.metric == 'eval_loss':
+    if self.metric is validation.Metric.EVAL_LOSS:
       return value < self.best['value']
     return value > self.best['value']
 

@@ -25,6 +25,7 @@ from pipeline.training import tracking as tracking_lib
 from pipeline.rules.machine import stopping
 from pipeline.storage import workdir_lock
 from pipeline.storage.checkpoint import Checkpointer
+from pipeline.storage import workdirs
 
 
 def train_and_evaluate(plan, extra_actions=()):
@@ -133,10 +134,10 @@ def _train_and_evaluate(plan, extra_actions):
   if hardware.is_chief:
     eval_writer.flush()
     workdir.publish('tensorboard')
-    workdir.write_json('metrics.json', result)
+    workdir.write_json(workdirs.File.METRICS, result)
   metrics.log_done(result, workdir.url)
   # After the Done line: the log it uploads ends with it.
-  tracking.finish(['metrics.json', 'run.json', 'export', 'export_best',
+  tracking.finish([workdirs.File.METRICS, workdirs.File.RUN, 'export', 'export_best',
                    console.LOG_FILE, 'tensorboard'])
   return result
 

@@ -24,8 +24,10 @@ import uuid
 from absl import logging
 
 from pipeline.errors import first_line
+from pipeline.rules.config import validation
+from pipeline.storage import workdirs
 
-IDS_FILE = 'tracking.json'
+IDS_FILE = workdirs.File.TRACKING
 # MLflow's limits: 100 parameters a batch call, 6,000 characters a value.
 _MLFLOW_BATCH = 100
 _MLFLOW_VALUE_CHARS = 6000
@@ -41,7 +43,7 @@ def parameters(plan):
 
 class MlflowTracker:
   """An MLflow run through MlflowClient (no global active run)."""
-  name = 'mlflow'
+  name = validation.Tracker.MLFLOW
 
   def __init__(self, plan, run_id):
     # MLflow's own defaults retry a dead server for minutes before the
@@ -94,7 +96,7 @@ class MlflowTracker:
 
 class WandbTracker:
   """A Weights & Biases run, resumed by its id."""
-  name = 'wandb'
+  name = validation.Tracker.WANDB
 
   def __init__(self, plan, run_id):
     import wandb  # pylint: disable=g-import-not-at-top
@@ -125,7 +127,7 @@ class WandbTracker:
     self.run.finish()
 
 
-TRACKERS = {'mlflow': MlflowTracker, 'wandb': WandbTracker}
+TRACKERS = {tracker.name: tracker for tracker in (MlflowTracker, WandbTracker)}
 
 
 def names(setting):

@@ -26,6 +26,7 @@ from pipeline.rules.machine import stopping
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
 from pipeline.rules.speed import step_counts
+from pipeline.rules.config import validation
 
 def parse_seeds(text, default_seed):
   """Seeds from a comma list of integers; '' means [default_seed]."""
@@ -60,7 +61,7 @@ class Run:
 
   @property
   def metrics_path(self):
-    return os.path.join(self.workdir, 'metrics.json')
+    return os.path.join(self.workdir, workdirs.File.METRICS)
 
 
 # Run.trainer of Keras' own model.fit, and its launcher.
@@ -223,6 +224,6 @@ def _train_all(runs, request, epochs, examples_per_epoch, metrics_by_run):
         rate = metrics.get('train_images_per_sec')
         print(f'{label}: done in {time.perf_counter() - start:.0f} s, '
               f'{f"{rate:.0f}" if rate else "-"} img/s, eval accuracy '
-              f'{metrics["eval_accuracy"]:.4f}', flush=True)
+              f'{metrics[validation.Metric.EVAL_ACCURACY]:.4f}', flush=True)
     if metrics:
       metrics_by_run[run.name] = metrics

@@ -22,6 +22,7 @@ from pipeline.recipe import layers
 from pipeline.recipe import models
 from pipeline.recipe import optimizers
 from pipeline.rules.speed import precision
+from pipeline.rules.config import validation
 
 
 class _Timer(keras.callbacks.Callback):
@@ -108,7 +109,8 @@ def train(plan, forms=False):
       'steps_per_execution': plan.steps_per_execution,
       'total_steps': plan.total_steps, 'compile_s': compile_s,
       'train_images_per_sec': images_per_sec,
-      'eval_accuracy': evaluated['accuracy'], 'eval_loss': evaluated['loss'],
+      validation.Metric.EVAL_ACCURACY: evaluated['accuracy'],
+      validation.Metric.EVAL_LOSS: evaluated['loss'],
       'seed': config.seed, 'epochs': config.epochs,
       'steps_per_epoch': plan.steps_per_epoch,
       'examples_per_epoch': plan.examples_per_epoch,

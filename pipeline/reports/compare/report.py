@@ -15,6 +15,10 @@ from tensorboard.util import tensor_util
 
 from pipeline.storage import workdirs
 from pipeline.errors import UserError
+from pipeline.rules.config import validation
+
+ACCURACY = validation.Metric.EVAL_ACCURACY
+LOSS = validation.Metric.EVAL_LOSS
 
 BASELINE = 'float32'
 
@@ -48,9 +52,9 @@ def summarize(runs, metrics_by_run, examples_per_epoch):
         'compile_s': _mean(m.get('compile_s') for m in ms),
         'peak_memory_bytes': _mean(m.get('peak_memory_bytes') for m in ms),
         'peak_memory_kind': ms[0].get('peak_memory_kind'),
-        'eval_accuracy': _mean(m['eval_accuracy'] for m in ms),
-        'eval_accuracy_per_seed': [m['eval_accuracy'] for m in ms],
-        'eval_loss': _mean(m['eval_loss'] for m in ms),
+        ACCURACY: _mean(m[ACCURACY] for m in ms),
+        f'{ACCURACY}_per_seed': [m[ACCURACY] for m in ms],
+        LOSS: _mean(m[LOSS] for m in ms),
         'final_loss_scale': _mean(m.get('final_loss_scale') for m in ms),
         'skipped_steps': (_mean(m.get('skipped_steps') for m in ms)
                           if any(m.get('final_loss_scale') for m in ms)
@@ -65,7 +69,7 @@ def summarize(runs, metrics_by_run, examples_per_epoch):
     row['speedup'] = ratio(row['images_per_sec'],
                            base and base['images_per_sec'])
     row['accuracy_delta_points'] = (
-        100 * (row['eval_accuracy'] - base['eval_accuracy']) if base
+        100 * (row[ACCURACY] - base[ACCURACY]) if base
         else None)
     row['of_keras_fit'] = (ratio(row['images_per_sec'], peer['images_per_sec'])
                            if peer and row['trainer'] == 'ours' else None)
@@ -92,8 +96,8 @@ _COLUMNS = (
     ('steps', 'total_steps', 'd'), ('examples seen', 'examples_seen', ',d'),
     ('images/s', 'images_per_sec', ',.0f'), ('s/epoch', 'epoch_s', '.2f'),
     ('compile s', 'compile_s', '.1f'), ('peak MiB', 'peak_mib', ',.0f'),
-    ('eval accuracy', 'eval_accuracy', '.4f'),
-    ('eval loss', 'eval_loss', '.4f'),
+    ('eval accuracy', ACCURACY, '.4f'),
+    ('eval loss', LOSS, '.4f'),
     ('loss scale', 'final_loss_scale', 'g'),
     ('skipped steps', 'skipped_steps', '.0f'),
     ('speed-up', 'speedup', '.2f'),

@@ -19,6 +19,8 @@ from absl import logging
 import tensorflow as tf
 
 from pipeline.errors import UserError
+from pipeline.rules.config import validation
+from pipeline.storage import workdirs
 
 
 LABELS = ('fixed', 'progressive')
@@ -51,8 +53,8 @@ def measure(train_args, stages, root):
       raise UserError(f'the {label} run of --time_to_accuracy failed (exit '
                       f'{child.returncode}; its error is above, its log in '
                       f'{workdir})')
-    with tf.io.gfile.GFile(os.path.join(workdir, 'metrics.json')) as f:
-      final = json.load(f)['eval_accuracy']
+    with tf.io.gfile.GFile(os.path.join(workdir, workdirs.File.METRICS)) as f:
+      final = json.load(f)[validation.Metric.EVAL_ACCURACY]
     runs[label] = {'workdir': workdir, 'final_accuracy': final,
                    'wall_s': time.time() - started,
                    'curve': eval_curve(workdir, started)}

@@ -3,6 +3,7 @@ so a run resumed, or a head carried over by init_from, on other names would
 answer for other classes: both are refused in one line."""
 
 from pipeline.errors import UserError
+from pipeline.storage import workdirs
 
 
 def differing(theirs, ours, shown=5):
@@ -15,7 +16,7 @@ def differing(theirs, ours, shown=5):
 def check_resumed(workdir, class_names):
   """A one-line UserError if the run the workdir holds was trained on other
   class names (a class folder added, removed or renamed)."""
-  saved = (workdir.read_json('run.json') or {}).get('resolved', {})
+  saved = (workdir.read_json(workdirs.File.RUN) or {}).get('resolved', {})
   theirs = tuple(saved.get('class_names') or ())
   if theirs and class_names and theirs != tuple(class_names):
     raise UserError(

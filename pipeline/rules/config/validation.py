@@ -10,6 +10,7 @@ pipeline/data/input_spec.py); the modules that use a field trust it. Checks that
 workdir) happen where those are opened, in pipeline/run/plan.py.
 """
 
+import enum
 import importlib.util
 import re
 
@@ -18,10 +19,23 @@ import ml_collections
 from configs import default
 from pipeline.errors import UserError
 
-KEEP_BEST_METRICS = ('', 'eval_accuracy', 'eval_loss')
+
+
+class Metric(enum.StrEnum):
+  """The final evaluation's figures by name: metrics.json's keys, and
+  what keep_best_metric may keep the best checkpoint by."""
+  EVAL_ACCURACY = 'eval_accuracy'
+  EVAL_LOSS = 'eval_loss'
+
+
+class Tracker(enum.StrEnum):
+  """The experiment trackers `tracking` names: their packages' names too."""
+  MLFLOW = 'mlflow'
+  WANDB = 'wandb'
+
+
 TFLITE_WEIGHTS = ('', 'float32', 'float16')
 ONNX_PACKAGES = ('tf2onnx', 'onnxruntime')  # requirements-onnx.txt
-TRACKERS = ('mlflow', 'wandb')  # Their packages' names too.
 _DATA_SERVICE = re.compile(r'^grpc://[^:/\s]+:\d+$')
 
 
@@ -177,15 +191,15 @@ def _check_schedule_of_work(config):
   if config.eval_every_epochs < 0:
     raise UserError(f'eval_every_epochs={config.eval_every_epochs} must be '
                     '0 (only at the end) or more')
-  _one_of('keep_best_metric', config.keep_best_metric, KEEP_BEST_METRICS,
-          "'' (off), eval_accuracy, eval_loss")
+  _one_of('keep_best_metric', config.keep_best_metric, ('', *Metric),
+          "'' (off), " + ', '.join(Metric))
   _one_of('export_tflite', config.export_tflite, TFLITE_WEIGHTS,
           "'' (off), float32, float16")
   for tracker in [n.strip() for n in config.tracking.split(',') if n.strip()]:
-    if tracker not in TRACKERS:
+    if tracker not in set(Tracker):
       raise UserError(f'tracking={config.tracking!r}: unknown tracker '
-                      f"{tracker!r}; accepted: '' (off), mlflow, wandb, or "
-                      'both comma-separated')
+                      f"{tracker!r}; accepted: '' (off), "
+                      f"{', '.join(Tracker)}, or both comma-separated")
     if importlib.util.find_spec(tracker) is None:
       raise UserError(f'tracking={tracker} needs the {tracker} package: pip '
                       'install -r requirements-tracking.txt')
