@@ -2,6 +2,7 @@
 imports only from its own floor and the floors below it (the bottom first):
 
   errors.py   the one-line errors a run stops with
+  launchers.py  the modules the library starts as processes of their own
   parts.py    named parts: the tables every source, augmentation, model,
               optimizer, schedule and layer form is registered in by name
   storage/    workdirs, their lock, GCS, the checkpoint series and formats
@@ -26,5 +27,5 @@ launch/ above them parses flags and calls into run/, training/, reports/
 and probe/. tests/test_layout.py holds every import to this order.
 """
 
-FLOORS = ('errors', 'parts', 'storage', 'rules', 'data', 'recipe',
+FLOORS = ('errors', 'launchers', 'parts', 'storage', 'rules', 'data', 'recipe',
           'backends', 'probe', 'run', 'reports', 'training')

@@ -330,6 +330,44 @@ def test_the_choice_check_finds_each_kind_of_use(line, word):
   assert [w for _, w in _spelt_choices(line, words)][:1] == [word]
 
 
+# A module run as a process: `python -m NAME`, a launcher or a library one.
+# (A message that tells the user to run one names it in a sentence.)
+_STARTED = re.compile(r'^(launch|pipeline)(\.\w+)+$|^ -m (launch|pipeline)\.')
+
+
+def _starts_a_process(text):
+  """The lines of `text` that name a module to run as a process, docstrings
+  aside: 'launch.train' as a string, or f'{python} -m launch.train'."""
+  tree = ast.parse(text)
+  docstrings = {id(node.value) for node in ast.walk(tree)
+                if isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)}
+  return sorted({node.lineno for node in ast.walk(tree)
+                 if isinstance(node, ast.Constant)
+                 and isinstance(node.value, str)
+                 and id(node) not in docstrings
+                 and _STARTED.search(node.value)})
+
+
+def test_the_processes_the_library_starts_are_named_in_one_module():
+  """No import shows that a module starts `python -m launch.train`:
+  pipeline/launchers.py names every such module, the rest use its names."""
+  found = [f'{module}:{line}' for module, path in sorted(MODULES.items())
+           if module.startswith('pipeline.') and module != 'pipeline.launchers'
+           for line in _starts_a_process(open(path, encoding='utf-8').read())]
+  assert not found
+
+
+def test_the_process_check_finds_each_form():
+  assert _starts_a_process(
+      "args = [sys.executable, '-m', 'launch.probe']\n"
+      "peer = 'pipeline.reports.compare.keras_peer'\n"
+      "line = f'{python} -m launch.train {args}'\n"
+      "error = 'or start `python -m launch.train` on every worker'\n"
+      '"""python -m launch.train in a docstring"""\n'
+      "text = 'launch.pod: the trainer exited'\n") == [1, 2, 3]
+
+
 def _takes_config_and_plan(text):
   return [node.name for node in ast.walk(ast.parse(text))
           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -591,8 +629,9 @@ def test_the_tree_shows_the_roles():
   folders = collections.Counter(
       m.split('.')[1] for m in MODULES if m.startswith('pipeline.')
       and m.count('.') >= 2)
-  # errors.py and parts.py are floors of one module each.
-  assert set(folders) | {'errors', 'parts'} == set(pipeline.FLOORS)
+  # errors.py, launchers.py and parts.py are floors of one module each.
+  assert set(folders) | {'errors', 'launchers', 'parts'} == set(
+      pipeline.FLOORS)
   flat = [m for m in MODULES if m.startswith('pipeline.') and m.count('.') == 1
           and m.split('.')[1] not in pipeline.FLOORS]
   assert not flat

@@ -27,6 +27,8 @@ import tensorflow as tf
 
 from pipeline.recipe import models
 from pipeline.storage import workdirs
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 _METADATA = 'metadata.json'
 
@@ -136,8 +138,8 @@ def on_tensorflow(task, weights, metadata, path, *args):
     np.savez(os.path.join(folder, 'weights.npz'), *weights)
     workdirs.write_json(os.path.join(folder, _METADATA), metadata)
     child = subprocess.run(
-        [sys.executable, '-m', 'pipeline.backends.tensorflow_exports', task,
-         folder, path, json.dumps(args)],
+        launchers.command(Launcher.EXPORT_TASK, task, folder, path,
+                          json.dumps(args)),
         env=dict(os.environ, KERAS_BACKEND='tensorflow'),
         capture_output=True, text=True, check=False)
   if child.returncode:

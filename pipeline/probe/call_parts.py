@@ -14,6 +14,8 @@ import threading
 import time
 
 from pipeline.rules.speed import autotune
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 # Seconds kept back so the call ends within its budget.
 _MARGIN_S = 10
@@ -136,9 +138,9 @@ def run_probe(call, part, timeout_s, why):
   """A probe part: launch.probe in its folder; its stages and variants,
   those it finished before any stop included."""
   folder = os.path.join(call.work, part.name)
-  args = [sys.executable, '-m', 'launch.probe', *call.probe_flags,
-          *part.probe_flags, f'--out={folder}',
-          f'--budget_s={int(timeout_s)}']
+  args = launchers.command(Launcher.PROBE, *call.probe_flags,
+                           *part.probe_flags, f'--out={folder}',
+                           f'--budget_s={int(timeout_s)}')
   record = {'command': ' '.join(args[1:])}
   ended = run_process(args, call.env, timeout_s,
                       os.path.join(call.work, f'{part.name}.log'))
@@ -172,14 +174,15 @@ def run_train(call, timeout_s, why):
   end = time.monotonic() + timeout_s
   record = {}
   written = run_process(
-      [sys.executable, '-m', 'launch.make_tfrecords', '--dataset=photos',
-       f'--output_dir={photos}', f'--num_examples={call.photos}'],
+      launchers.command(Launcher.MAKE_TFRECORDS, '--dataset=photos',
+                        f'--output_dir={photos}',
+                        f'--num_examples={call.photos}'),
       call.env, timeout_s, log)
   record['photos'] = _ended({}, *written, why)
   if written[0]:
     return dict(record, **{k: record['photos'][k] for k in (
         'exit', 'last_lines', 'stopped') if k in record['photos']})
-  args = [sys.executable, '-m', 'launch.train', '--backend=jax',
+  args = [*launchers.command(Launcher.TRAIN), '--backend=jax',
           '--config=configs/imagenet.py', '--policy=mixed_bfloat16',
           '--config.dataset=tfrecord', '--config.num_classes=10',
           f'--config.train_files={photos}/train-*',

@@ -18,10 +18,11 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 
 from pipeline.probe import stages as probe_stages
 from pipeline.rules.speed import autotune
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +113,7 @@ def in_own_process(variant, command, budget_s, out_dir, with_profile=False):
     flags.append(f'--policy={variant.policy}')
   try:
     done = subprocess.run(
-        [sys.executable, '-m', 'launch.probe', *command,
+        [*launchers.command(Launcher.PROBE), *command,
          '--stages=ag' if with_profile else '--stages=a',
          f'--out={out_dir}', f'--budget_s={int(budget_s)}', *flags],
         env=env, capture_output=True, text=True, timeout=budget_s + 30,

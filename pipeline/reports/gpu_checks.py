@@ -18,6 +18,8 @@ import sys
 import time
 
 from pipeline.probe import call_parts
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,32 +38,32 @@ _PHOTOS = ('--config.dataset=tfrecord', '--config.train_files={out}/photos/train
 CHECKS = (
     Check('probe', 'the JAX route: compile, images/s on the device and fed '
           'from the host, memory, FLOPs, float16, Keras model.fit beside it',
-          ('launch.probe', '--out={out}/probe', '--budget_s=540'), 560,
+          (Launcher.PROBE, '--out={out}/probe', '--budget_s=540'), 560,
           'probe/probe.json'),
     Check('photos', '4,096 photographs at ImageNet size as TFRecords',
-          ('launch.make_tfrecords', '--dataset=photos', '--num_examples=4096',
+          (Launcher.MAKE_TFRECORDS, '--dataset=photos', '--num_examples=4096',
            '--output_dir={out}/photos'), 120),
     Check('backends', 'both backends, B0 224 px batch 256: synthetic and '
           'real-input images/s, compile, overlap, FLOPs',
-          ('launch.benchmark', '--backends=tensorflow,jax', *_PHOTOS,
+          (Launcher.BENCHMARK, '--backends=tensorflow,jax', *_PHOTOS,
            '--num_executions=10', '--output={out}/backends.json'), 600,
           'backends.json'),
     Check('input', 'tf.data against DALI on the same files',
-          ('launch.benchmark', '--input_only', *_PHOTOS,
+          (Launcher.BENCHMARK, '--input_only', *_PHOTOS,
            '--output={out}/input.json'), 300, 'input.json'),
     Check('compile_cache', "a second process's compile time (the XLA "
-          'cache)', ('launch.benchmark', '--backend=tensorflow', *_PHOTOS,
+          'cache)', (Launcher.BENCHMARK, '--backend=tensorflow', *_PHOTOS,
                      '--num_executions=2', '--output={out}/cached.json'), 240,
           'cached.json'),
     Check('replicas', 'two logical GPUs of one, XLA off and on',
-          ('launch.benchmark', '--split_gpus=2', '--policies=mixed_bfloat16',
+          (Launcher.BENCHMARK, '--split_gpus=2', '--policies=mixed_bfloat16',
            '--xla_settings=off,on', *_PHOTOS, '--output={out}/replicas.json'),
           600, 'replicas.json'),
     Check('train_tensorflow', 'a whole default run on TensorFlow',
-          ('launch.train', '--backend=tensorflow',
+          (Launcher.TRAIN, '--backend=tensorflow',
            '--workdir={out}/train-tensorflow'), 300),
     Check('train_jax', 'a whole default run on JAX',
-          ('launch.train', '--backend=jax', '--workdir={out}/train-jax'),
+          (Launcher.TRAIN, '--backend=jax', '--workdir={out}/train-jax'),
           300),
 )
 
@@ -93,7 +95,8 @@ def _run_one(check, out, timeout_s, python):
   log = os.path.join(out, f'{check.name}.log')
   began = time.monotonic()
   exit_code, _, killed = call_parts.run_process(
-      [python, '-m', *args], dict(os.environ), timeout_s, log)
+      launchers.command(*args, python=python), dict(os.environ), timeout_s,
+      log)
   entry = ({'exit': None, 'cut_off': 'stopped at the end of the budget'}
            if killed else {'exit': exit_code})
   with open(log, encoding='utf-8', errors='replace') as f:

@@ -3,13 +3,15 @@ ending earlier runs, starting a run's trainer detached from its session,
 following its log until its status is written. pod_slice.py runs them.
 """
 
+import re
 import shlex
+from pipeline.launchers import Launcher
 
 # What marks the trainers launch.pod starts, so that ending earlier runs
 # ends theirs and nothing else on the worker: a variable naming the slice.
 MARK = 'PIPELINE_POD'
 # Trainers: `python -m launch.train` as the first words of a command line.
-TRAINER = r'python[^ ]* -m launch[.]train( |$)'
+TRAINER = rf'python[^ ]* -m {re.escape(Launcher.TRAIN)}( |$)'
 
 
 def signal_trainers(name, signal_name):
@@ -71,7 +73,7 @@ def train_command(name, run_id, repo_dir, python, train_args, skip_bytes=0):
   log."""
   log, run_file, status = _files(name, run_id)
   trainer = (f'{{ cd {_folder(repo_dir)} && {MARK}={shlex.quote(name)} '
-             f'{python} -m launch.train {shlex.join(train_args)}; }} '
+             f'{python} -m {Launcher.TRAIN} {shlex.join(train_args)}; }} '
              f'> {log} 2>&1; echo $? > {status}.tmp; mv {status}.tmp '
              f'{status}')
   return (f'mkdir -p {RUNS} || exit 1; '

@@ -15,7 +15,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -31,6 +30,8 @@ from pipeline.rules.machine import peaks
 from pipeline.reports import reference_input
 from pipeline.reports.benchmark import layer_times
 from pipeline.errors import UserError
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 _ROUNDS = 3  # Of ours against the reference.
 # Trainer.step_cost's keys as the result names them.
@@ -230,8 +231,8 @@ def across_backends(names, args):
       output = os.path.join(folder, 'result.json')
       logging.info('Benchmarking on --backend=%s', name)
       child = subprocess.run(
-          [sys.executable, '-m', 'launch.benchmark', f'--backend={name}',
-           f'--output={output}', *args], capture_output=True, text=True,
+          launchers.command(Launcher.BENCHMARK, f'--backend={name}',
+                            f'--output={output}', *args), capture_output=True, text=True,
           check=False)
       if child.returncode:
         lines = (child.stderr.strip() or 'no output').splitlines()

@@ -27,6 +27,8 @@ from pipeline.storage import workdirs
 from pipeline.errors import UserError
 from pipeline.rules.speed import step_counts
 from pipeline.rules.config import validation
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 def parse_seeds(text, default_seed):
   """Seeds from a comma list of integers; '' means [default_seed]."""
@@ -105,8 +107,9 @@ def child_command(run, forwarded_args, examples_per_epoch, epochs=1):
   if not given('eval_every_epochs'):
     # Four eval points per curve, however long the runs.
     own.append(f'--config.eval_every_epochs={epochs / 4:g}')
-  launcher = f'launch.{"train" if run.trainer == "ours" else KERAS_FIT}'
-  return [sys.executable, '-m', launcher, *forwarded_args, *own]
+  return launchers.command(
+      Launcher.TRAIN if run.trainer == 'ours' else Launcher.KERAS_FIT,
+      *forwarded_args, *own)
 
 
 def finished_metrics(run, examples_per_epoch, epochs):

@@ -15,13 +15,14 @@ and each one's accuracy at the peer's wall time.
 import json
 import os
 import subprocess
-import sys
 import time
 
 from absl import logging
 
 from pipeline.errors import UserError
 from pipeline.reports.compare import time_to_accuracy
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 PEER = 'keras'
 # Keras' examples train EfficientNetB0 at its own size.
@@ -36,10 +37,10 @@ def race(listed, train_args, root, epochs, peer_image_size=PEER_IMAGE_SIZE):
   split = _split(*listed[:2], os.path.join(root, 'split'))
   runs = {}
   for label, command in (
-      (PEER, [sys.executable, '-m', 'pipeline.reports.compare.keras_peer',
-              split['train'], split['eval'], str(epochs),
-              str(peer_image_size), os.path.join(root, PEER, 'curve.json')]),
-      ('ours', [sys.executable, '-m', 'launch.train', *train_args,
+      (PEER, launchers.command(
+          Launcher.KERAS_PEER, split['train'], split['eval'], str(epochs),
+          str(peer_image_size), os.path.join(root, PEER, 'curve.json'))),
+      ('ours', [*launchers.command(Launcher.TRAIN), *train_args,
                 '--config.dataset=image_folder',
                 f'--config.train_dir={split["train"]}',
                 f'--config.eval_dir={split["eval"]}',

@@ -12,7 +12,6 @@ stages save.
 import json
 import os
 import subprocess
-import sys
 import time
 
 from absl import logging
@@ -21,6 +20,8 @@ import tensorflow as tf
 from pipeline.errors import UserError
 from pipeline.rules.config import validation
 from pipeline.storage import workdirs
+from pipeline.launchers import Launcher
+from pipeline import launchers
 
 
 LABELS = ('fixed', 'progressive')
@@ -46,7 +47,7 @@ def measure(train_args, stages, root):
     started = time.time()
     # Its progress lines go to this terminal as the run's own do.
     child = subprocess.run(
-        [sys.executable, '-m', 'launch.train', *train_args,
+        [*launchers.command(Launcher.TRAIN), *train_args,
          f'--workdir={workdir}', f'--config.progressive_stages={count}',
          '--config.eval_every_epochs=1'], check=False)
     if child.returncode:
