@@ -141,21 +141,15 @@ class Backend(Protocol):
     """(start(logdir), stop()) of the profiler that writes TensorBoard's
     Profile tab."""
 
-  def write_saved_model(self, model: 'keras.Model', metadata: dict, path: str,
-                        io_device: Optional[str] = None) -> None:
-    """`model` (the export's weights in it) as a SavedModel at `path`, a
-    plain TensorFlow graph (backends/tensorflow_exports.py)."""
-
-  def write_tflite(self, weights: list, metadata: dict, path: str,
-                   kind: str) -> None:
-    """A LiteRT model of the float32 network with `weights` at `path`."""
-
-  def write_onnx(self, weights: list, metadata: dict, path: str,
-                 check_images: int, export_dir: str) -> float:
-    """An ONNX model of the float32 network with `weights` at `path`,
-    converted from the SavedModel at `export_dir` (or a float32 rebuild's);
-    the largest difference in probability from that SavedModel on a batch
-    of `check_images` images."""
+  def export(self, task: str, model: 'keras.Model', metadata: dict,
+             path: str, *args, io_device: Optional[str] = None):
+    """Writes `model` (the export's weights in it) at `path` as `task`
+    (backends/tensorflow_exports.py, a plain TensorFlow graph whichever
+    backend trained it): 'saved_model'; 'tflite' (args: the weights'
+    kind), a float32 rebuild's LiteRT; 'onnx' (args: check_images,
+    export_dir), a float32 rebuild's ONNX converted from the SavedModel at
+    export_dir, returning its largest difference in probability from that
+    SavedModel on `check_images` images."""
 
   def peak_device_memory(self, hardware: 'Hardware') -> Optional[int]:
     """Peak bytes this process held on its first accelerator, as the

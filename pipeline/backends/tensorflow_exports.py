@@ -1,6 +1,6 @@
 """What only TensorFlow writes, for either backend: the SavedModel export,
-LiteRT (model.tflite) and ONNX (model.onnx). Backend.write_saved_model,
-write_tflite and write_onnx.
+LiteRT (model.tflite) and ONNX (model.onnx): Backend.export, by task
+('saved_model', 'tflite', 'onnx').
 
 A JAX run has them written by a child process on Keras' TensorFlow backend
 from the same weights (Keras fixes its backend per process; the JAX
@@ -13,7 +13,6 @@ TensorFlow, the export is a plain TensorFlow graph whichever backend
 trained it.
 """
 
-import functools
 import json
 import os
 import subprocess
@@ -46,6 +45,16 @@ def write_saved_model(model, path, io_device=None, image_size=None):
       [tf.TensorSpec(shape, model.input.dtype)])
   archive.write_out(path, verbose=False, options=tf.saved_model.SaveOptions(
       experimental_io_device=io_device))
+
+
+def write(task, model, metadata, path, *args, io_device=None):
+  """Backend.export on TensorFlow: `task` of `model`, in this process."""
+  if task == 'saved_model':
+    # Served at the evaluation size; without one, the model's input's.
+    return write_saved_model(
+        model, path, io_device,
+        metadata.get('preprocessing', {}).get('image_size'))
+  return _FROM_WEIGHTS[task](model.get_weights(), metadata, path, *args)
 
 
 def write_tflite(weights, metadata, path, kind):
@@ -154,11 +163,13 @@ def _main(task, folder, path, args):
   with np.load(os.path.join(folder, 'weights.npz')) as saved:
     weights = [saved[f'arr_{i}'] for i in range(len(saved.files))]
   metadata = workdirs.read_json(os.path.join(folder, _METADATA))
-  write = {'saved_model': lambda: write_saved_model(
-               _rebuilt(weights, metadata), path),
-           'tflite': functools.partial(write_tflite, weights, metadata, path),
-           'onnx': functools.partial(write_onnx, weights, metadata, path)}
-  print(json.dumps(write[task](*json.loads(args))))
+  args = json.loads(args)
+  print(json.dumps(write_saved_model(_rebuilt(weights, metadata), path)
+                   if task == 'saved_model' else
+                   _FROM_WEIGHTS[task](weights, metadata, path, *args)))
+
+
+_FROM_WEIGHTS = {'tflite': write_tflite, 'onnx': write_onnx}
 
 
 if __name__ == '__main__':

@@ -57,15 +57,16 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   staging = (f'{target}.tmp-{os.getpid()}' if is_chief else
              tempfile.mkdtemp(prefix='export-worker-'))
   backend = backend or backends.load('tensorflow')
-  backend.write_saved_model(model, metadata, staging, io_device)
+  backend.export('saved_model', model, metadata, staging,
+                 io_device=io_device)
   if not is_chief:
     tf.io.gfile.rmtree(staging)
     return None
   if keras_model:
     keras_model.save(os.path.join(staging, KERAS))
   if tflite:
-    backend.write_tflite(model.get_weights(), metadata,
-                         os.path.join(staging, TFLITE), tflite)
+    backend.export('tflite', model, metadata, os.path.join(staging, TFLITE),
+                   tflite)
   onnx_written = (write_onnx(backend, model, metadata, staging) if onnx
                   else {'onnx': None})
   workdirs.write_json(os.path.join(staging, METADATA),
@@ -91,12 +92,11 @@ def write_onnx(backend, model, metadata, staging):
   computes what the SavedModel it was converted from does (within
   ONNX_TOLERANCE): its metadata.json fields, the difference measured
   either way. A 16-bit export's ONNX is a float32 rebuild's, checked
-  against that rebuild's SavedModel (Backend.write_onnx)."""
+  against that rebuild's SavedModel (Backend.export)."""
   path = os.path.join(staging, ONNX)
   policy = model.dtype_policy.name
-  difference = backend.write_onnx(model.get_weights(),
-                                  dict(metadata, policy=policy), path,
-                                  ONNX_CHECK_IMAGES, staging)
+  difference = backend.export('onnx', model, dict(metadata, policy=policy),
+                              path, ONNX_CHECK_IMAGES, staging)
   fields = {'onnx': ONNX, 'onnx_max_difference': difference,
             'onnx_tolerance': ONNX_TOLERANCE,
             'onnx_checked_against': 'the SavedModel' if policy == 'float32'

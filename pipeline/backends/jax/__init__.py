@@ -106,23 +106,13 @@ class JaxBackend:
     import jax  # pylint: disable=g-import-not-at-top
     return jax.profiler.start_trace, jax.profiler.stop_trace
 
-  def write_saved_model(self, model, metadata, path, io_device=None):
+  def export(self, task, model, metadata, path, *args, io_device=None):
     del io_device  # TPU Nodes only, which JAX does not drive.
-    import keras  # pylint: disable=g-import-not-at-top
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    tensorflow_exports.on_tensorflow(
-        'saved_model', model.get_weights(), dict(
-            metadata, policy=keras.mixed_precision.global_policy().name),
-        path)
-
-  def write_onnx(self, weights, metadata, path, check_images, export_dir):
-    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    return tensorflow_exports.on_tensorflow('onnx', weights, metadata, path,
-                                            check_images, export_dir)
-
-  def write_tflite(self, weights, metadata, path, kind):
-    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    tensorflow_exports.on_tensorflow('tflite', weights, metadata, path, kind)
+    # On Keras' TensorFlow backend, in a child process, from the weights.
+    return tensorflow_exports.on_tensorflow(
+        task, model.get_weights(),
+        dict(metadata, policy=model.dtype_policy.name), path, *args)
 
   def peak_device_memory(self, hardware):
     if hardware.device_kind == 'CPU':

@@ -92,21 +92,10 @@ class TensorFlowBackend:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf.profiler.experimental.start, tf.profiler.experimental.stop
 
-  def write_saved_model(self, model, metadata, path, io_device=None):
+  def export(self, task, model, metadata, path, *args, io_device=None):
     from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    # Served at the evaluation size; without one, the model's input's.
-    tensorflow_exports.write_saved_model(
-        model, path, io_device,
-        metadata.get('preprocessing', {}).get('image_size'))
-
-  def write_onnx(self, weights, metadata, path, check_images, export_dir):
-    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    return tensorflow_exports.write_onnx(weights, metadata, path,
-                                         check_images, export_dir)
-
-  def write_tflite(self, weights, metadata, path, kind):
-    from pipeline.backends import tensorflow_exports  # pylint: disable=g-import-not-at-top
-    tensorflow_exports.write_tflite(weights, metadata, path, kind)
+    return tensorflow_exports.write(task, model, metadata, path, *args,
+                                    io_device=io_device)
 
   def peak_device_memory(self, hardware):
     if hardware.device_kind not in ('GPU', 'TPU'):
