@@ -31,9 +31,10 @@ def photographs():
           'rocket': skimage.data.rocket(), 'china': china, 'flower': flower}
 
 
-def write(root, per_class, seed=0, classes=CLASSES):
-  """Writes `per_class` crops of each of `classes` under root/<class>/ and
-  a stray root/<first class>/notes.txt; returns the images' paths."""
+def write(root, per_class, seed=0, classes=CLASSES, sides=SIDES):
+  """Writes `per_class` crops of each of `classes` (their shorter side
+  within `sides`, px) under root/<class>/ and a stray
+  root/<first class>/notes.txt; returns the images' paths."""
   rng = np.random.default_rng(seed)
   photos = photographs()
   paths = []
@@ -43,14 +44,14 @@ def write(root, per_class, seed=0, classes=CLASSES):
     photo = Image.fromarray(photos[name])
     for index in range(per_class):
       path = os.path.join(folder, f'{name}_{index:04d}.jpg')
-      _crop(photo, rng).save(path, quality=int(rng.integers(80, 96)))
+      _crop(photo, rng, sides).save(path, quality=int(rng.integers(80, 96)))
       paths.append(path)
   with open(os.path.join(root, classes[0], 'notes.txt'), 'w') as f:
     f.write('taken on a Sunday; the blurry ones are still to sort\n')
   return paths
 
 
-def _crop(photo, rng):
+def _crop(photo, rng, sides):
   width, height = photo.size
   short = min(width, height)
   side = rng.uniform(0.3, 1.0) * short
@@ -60,7 +61,7 @@ def _crop(photo, rng):
   left = int(rng.integers(0, width - crop_w + 1))
   top = int(rng.integers(0, height - crop_h + 1))
   image = photo.crop((left, top, left + crop_w, top + crop_h))
-  target = rng.uniform(*SIDES) / min(crop_w, crop_h)
+  target = rng.uniform(*sides) / min(crop_w, crop_h)
   image = image.resize((max(1, round(crop_w * target)),
                         max(1, round(crop_h * target))), Image.BICUBIC)
   return image.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.2 else image
