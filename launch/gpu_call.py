@@ -1,9 +1,12 @@
-"""The prepared call for a lent GPU: the main command on the JAX route,
-then the same kernels in every process and Keras' own model.fit, in
-that order, each part started
-only where its predicted time fits the budget.
+"""GPU checks, each part started only where its predicted time fits the
+budget: the prepared call for a lent GPU (the main command on the JAX
+route, then the same kernels in every process and Keras' own model.fit),
+or with --steps=checks the whole project's claims on your GPU machine.
 
   python -m launch.gpu_call --out=$OUT --budget_s=510
+  pip install -r requirements-gpu.txt -r requirements-dali-tf.txt
+  python -m launch.gpu_call --steps=checks --photos=4096 --out=gpu-checks \
+      --budget_s=2700  # send gpu-checks/call.json with the GPU's name
   python -m launch.gpu_call --out=/tmp/call --budget_s=900 --compile_s=20 \\
       --image_size=32 --batch_size=16 --config.model=efficientnet_tiny  # a CPU
 
@@ -14,8 +17,8 @@ after every part. The saved picks and compile caches stay under
 --cache_dir, outside OUT: a second command on the same warm machine finds
 them, and the first line says whether it did. Needs the JAX environment
 (requirements-jax.txt: launch.train's part reads TFRecords through
-tf.data). Not launch.gpu_checks, which checks the whole project on a
-user's GPU machine in 45 minutes.
+tf.data); the checks need TensorFlow's GPU build beside it
+(requirements-gpu.txt).
 """
 
 import os
@@ -38,8 +41,9 @@ _STEPS = flags.DEFINE_integer('steps_per_execution', 8,
                               'Steps per compiled program call.')
 _CLASSES = flags.DEFINE_integer('num_classes', 1000, 'Classes of the head.')
 _ORDER = flags.DEFINE_list(
-    'steps', None, 'The parts to run, in this order (default: every one, '
-    'as pipeline/probe/gpu_call.py lists them).')
+    'steps', None, 'The parts to run, in this order (default: the prepared '
+    "call's, as pipeline/probe/gpu_call.py lists them); 'checks': the whole "
+    "project's claims on your GPU machine (--budget_s=2700).")
 _WORK_DIR = flags.DEFINE_string(
     'work_dir', '/tmp/gpu-call', "Where the parts write; archived into "
     'OUT/call-files.tar.gz after each.')
@@ -80,11 +84,13 @@ def main(argv):
                  # One program to train, one to evaluate at the end.
                  '--config.eval_every_epochs=0',
                  '--config.progressive_stages=0', *overrides]
-  order = _ORDER.value or gpu_call.ORDER
-  unknown = set(order) - set(gpu_call.ORDER)
+  order = (gpu_call.CHECKS if _ORDER.value == ['checks'] else
+           _ORDER.value or gpu_call.ORDER)
+  names = [part.name for part in gpu_call.PARTS]
+  unknown = set(order) - set(names)
   if unknown:
     sys.exit(f'error: --steps: {", ".join(sorted(unknown))}; accepted: '
-             f'{", ".join(gpu_call.ORDER)}')
+             f'{", ".join(names)}, or checks')
   figures = gpu_call.run(out, os.path.abspath(_WORK_DIR.value),
                          os.path.abspath(_CACHE_DIR.value), _BUDGET_S.value,
                          probe_flags, train_flags, order, _COMPILE_S.value,

@@ -190,3 +190,55 @@ def test_the_prepared_call_runs_to_its_last_line_on_this_cpu(tmp_path):
                      env={'KERAS_BACKEND': 'jax'}, timeout=300)
   assert again.stdout.startswith(f'gpu_call: cache {cache}: '), again.stdout
   assert 'an earlier command on this machine left' in again.stdout
+
+
+
+def test_command_parts_run_in_order_within_the_budget(tmp_path,
+                                                      monkeypatch):
+  """The checks' parts run a launcher as it is (stand-ins here, no GPU):
+  in order, each record saying how it ended, its figures read back, one
+  that overruns stopped at the budget, one that cannot fit skipped."""
+  (tmp_path / 'in.json').write_text('{"images_per_sec": 7632}')
+  commands = (
+      gpu_call.Part('passes', 'a quick one', 0, 1,
+                    command=('timeit', '-n', '1', 'pass')),
+      gpu_call.Part('fails', 'reads a file that is not there', 0, 1,
+                    command=('json.tool', '{work}/missing.json')),
+      gpu_call.Part('writes', 'writes its figures', 0, 1,
+                    command=('json.tool', str(tmp_path / 'in.json'),
+                             '{work}/figures.json'), figures='figures.json'),
+      gpu_call.Part('overruns', 'sleeps past the budget', 0, 20,
+                    command=('timeit', '-n', '1',
+                             'import time; time.sleep(60)')),
+      gpu_call.Part('skipped', 'needs more than is left', 0, 1000,
+                    command=('timeit', 'pass')),
+  )
+  monkeypatch.setattr(gpu_call, 'PARTS', commands)
+  lines = []
+  figures = gpu_call.run(str(tmp_path / 'out'), str(tmp_path / 'work'),
+                         str(tmp_path / 'cache'), 40, [], [],
+                         [part.name for part in commands],
+                         report=lines.append)
+  parts = figures['parts']
+  assert list(parts) == ['passes', 'fails', 'writes', 'overruns', 'skipped']
+  assert parts['passes']['exit'] == 0
+  assert parts['fails']['exit'] == 2  # argparse's, for a missing file.
+  assert parts['fails']['stopped'] == 'crash'
+  assert 'missing.json' in '\n'.join(parts['fails']['last_lines'])
+  assert parts['writes']['figures'] == {'images_per_sec': 7632}
+  assert parts['overruns']['stopped'] == 'budget'
+  assert parts['skipped']['skipped'].startswith('needs about 1000 s')
+  assert figures['elapsed_s'] <= 41  # The budget, and the files' writing.
+  assert json.loads((tmp_path / 'out' / 'call.json').read_text()) == figures
+  assert lines[1].startswith('gpu_call: passes: ')
+
+
+def test_the_checks_start_with_the_main_command_and_fit_their_budget():
+  """--steps=checks on a GPU machine: launch.train on the JAX route first
+  (it writes the photographs the others read), all within 2,700 s at B0's
+  guessed compile time."""
+  call = call_parts.Call('', '', {}, [], [], 90.0, 0.0)
+  parts = {part.name: part for part in gpu_call.PARTS}
+  assert gpu_call.CHECKS[0] == 'train' and set(gpu_call.CHECKS) <= set(parts)
+  assert sum(call.predicted_s(parts[name])
+             for name in gpu_call.CHECKS) <= 2700

@@ -42,6 +42,10 @@ class Part:
   compiles: int
   fixed_s: int
   probe_flags: tuple = ()  # launch.probe's, for a part that is a probe.
+  # A launcher and its arguments ({work}: the work folder), for a part that
+  # runs one as it is, and the JSON file there its figures are read from.
+  command: tuple = ()
+  figures: str = ''
 
 
 @dataclasses.dataclass
@@ -157,6 +161,21 @@ def run_probe(call, part, timeout_s, why):
       os.path.join(call.work, f'{part.name}.log'), autotune.NOISY_TIMING)
   call.measured_compile(record['stages'].get('a_device_rate', {}).get(
       'compile_s'))
+  return record
+
+
+def run_command(call, part, timeout_s, why):
+  """A command part: its launcher run as it is; its figures, where its
+  file was written."""
+  args = launchers.command(*(arg.format(work=call.work)
+                             for arg in part.command))
+  record = _ended({'command': ' '.join(args[1:])}, *run_process(
+      args, call.env, timeout_s, os.path.join(call.work, f'{part.name}.log')),
+                  why)
+  path = os.path.join(call.work, part.figures) if part.figures else ''
+  if path and os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      record['figures'] = json.load(f)
   return record
 
 

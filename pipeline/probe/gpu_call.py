@@ -17,6 +17,11 @@ what the budget leaves.
   keras    (a) loading the picks, then Keras' own B0 with model.fit (f),
            its epochs alternating with (a)'s step timed again
 
+`CHECKS` orders the whole project's claims on a user's GPU machine (about
+45 minutes: `--steps=checks`): train, the whole probe, both backends on
+those photographs, tf.data against DALI, the compile cache, replicas with
+and without XLA, a whole run on TensorFlow.
+
 A part's prediction is its compiles at the compile time measured so far
 on this card (the train part's first, else --compile_s) and its fixed
 seconds; a part that would not fit is skipped with that sum, and a running
@@ -39,6 +44,7 @@ import time
 
 from pipeline.probe import call_parts
 from pipeline.probe import call_summary
+from pipeline.launchers import Launcher
 
 # A part runs at most this many times its prediction.
 _WATCHDOG = 2.0
@@ -58,6 +64,40 @@ PARTS = (
          ('--stages=af', '--autotune=load')),
 )
 ORDER = tuple(part.name for part in PARTS)
+
+_PHOTOS = ('--config.dataset=tfrecord', '--config.num_classes=10',
+           '--config.train_files={work}/photos/train-*',
+           '--config.eval_files={work}/photos/eval-*',
+           '--config.image_size=224', '--config.global_batch_size=256')
+PARTS += (
+    Part('probe', 'the JAX route: compile, images/s on the device and fed '
+         'from the host, memory, FLOPs, float16, Keras model.fit beside it',
+         4, 180),
+    Part('backends', 'both backends, B0 224 px batch 256: synthetic and '
+         'real-input images/s, compile, overlap, FLOPs', 4, 240,
+         command=(Launcher.BENCHMARK, '--backends=tensorflow,jax', *_PHOTOS,
+                  '--num_executions=10', '--output={work}/backends.json'),
+         figures='backends.json'),
+    Part('input', 'tf.data against DALI on the same files', 0, 300,
+         command=(Launcher.BENCHMARK, '--input_only', *_PHOTOS,
+                  '--output={work}/input.json'), figures='input.json'),
+    Part('compile_cache', "a second process's compile time (the XLA "
+         'cache)', 1, 60,
+         command=(Launcher.BENCHMARK, '--backend=tensorflow', *_PHOTOS,
+                  '--num_executions=2', '--output={work}/cached.json'),
+         figures='cached.json'),
+    Part('replicas', 'two logical GPUs of one, XLA off and on', 2, 240,
+         command=(Launcher.BENCHMARK, '--split_gpus=2',
+                  '--policies=mixed_bfloat16', '--xla_settings=off,on',
+                  *_PHOTOS, '--output={work}/replicas.json'),
+         figures='replicas.json'),
+    Part('train_tensorflow', 'a whole default run on TensorFlow', 2, 90,
+         command=(Launcher.TRAIN, '--backend=tensorflow',
+                  '--workdir={work}/train-tensorflow')),
+)
+# The whole project on a user's GPU machine, most decisive first.
+CHECKS = ('train', 'probe', 'backends', 'input', 'compile_cache', 'replicas',
+          'train_tensorflow')
 
 
 def run_part(call, part):
@@ -80,6 +120,8 @@ def run_part(call, part):
     record.update(call_parts.run_train(call, timeout_s, why))
   elif part.name == 'flags':
     record.update(call_parts.check_flags(call, timeout_s))
+  elif part.command:
+    record.update(call_parts.run_command(call, part, timeout_s, why))
   else:
     record.update(call_parts.run_probe(call, part, timeout_s, why))
   record['seconds'] = round(time.monotonic() - began, 1)

@@ -8,8 +8,6 @@ tabled in tables.py, layer_times.py by kind of layer), compare/ (runs
 side by side: run in its __init__, reported in report.py; the time to
 accuracy, the race against Keras' example, Keras' own model.fit beside a
 run), reference_input.py (tensorflow/tpu's input, the benchmark's
-baseline), saved_measurements.py (what --save_policy keeps),
-gpu_checks.py (launch.gpu_checks, its processes run as the probe's GPU
-call runs its parts). Builds trainers through plan.backend; never imports
+baseline), saved_measurements.py (what --save_policy keeps). Builds trainers through plan.backend; never imports
 a backend package.
 """
