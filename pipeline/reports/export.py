@@ -26,14 +26,15 @@ ONNX_CHECK_IMAGES = 32  # The batch both are run on.
 def export_run(plan, trainer, name='export'):
   """The trainer's model (its moving average, if kept) exported into
   `<workdir>/<name>` as export_model writes it; the export's URL."""
-  config = plan.outputs
+  config, described = plan.outputs, metadata(plan)
   with trainer.exported_weights():
+    keras_model = plain_keras(trainer.model, plan.source.num_classes,
+                              plan.recipe.model)
     return export_model(
-        trainer.model, plan.workdir, plan.hardware.is_chief,
-        metadata(plan), name=name, tflite=config.export_tflite,
-        onnx=config.export_onnx, io_device=plan.io_device,
-        backend=plan.backend, keras_model=plain_keras(
-            trainer.model, plan.source.num_classes, plan.recipe.model))
+        trainer.model, plan.workdir, plan.hardware.is_chief, described,
+        name=name, tflite=config.export_tflite, onnx=config.export_onnx,
+        io_device=plan.io_device, backend=plan.backend,
+        keras_model=keras_model)
 
 
 def export_model(model, workdir, is_chief, metadata, name='export',
