@@ -303,7 +303,7 @@ def test_a_jax_gpu_gives_the_precision_rule_its_compute_capability(
 def test_float16_with_a_frozen_backbone_is_one_line_before_anything_is_built():
   """stateless_apply would move the frozen backbone's optimizer slots."""
   plan = types.SimpleNamespace(
-      config=None,  # None: it stops before reading one.
+      recipe=None,  # None: it stops before reading one.
       frozen_steps=5, policy='mixed_float16',
       precision=types.SimpleNamespace(loss_scaling=True))
   with pytest.raises(UserError) as raised:

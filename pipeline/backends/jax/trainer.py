@@ -295,12 +295,11 @@ def _state_of(model, optimizer, step_variables, ema, strategy):
 
 def build(plan):
   """Sets the policy and seed, builds the model and the two programs."""
-  config = plan.recipe
   if plan.frozen_steps and plan.precision.loss_scaling:
     raise UserError(f'freeze_backbone_epochs with --policy={plan.policy} '
                     'runs on --backend=tensorflow; on JAX use '
                     'mixed_bfloat16 or float32 for fine-tuning')
-  hardware = plan.hardware
+  config, hardware = plan.recipe, plan.hardware
   num_classes = plan.source.num_classes
   accumulation = config.gradient_accumulation_steps
   precision.apply(plan.precision)
