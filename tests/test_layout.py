@@ -235,16 +235,23 @@ def _names():
   ]
 
 
-def _spelt_names(text, words):
-  """(line, word) of each string in `text`, docstrings aside, that is
-  one of `words`."""
+def _strings(text):
+  """Every string constant in `text` but docstrings (and other bare
+  strings standing as statements)."""
   tree = ast.parse(text)
   docstrings = {id(node.value) for node in ast.walk(tree)
                 if isinstance(node, ast.Expr)
                 and isinstance(node.value, ast.Constant)}
-  return [(node.lineno, node.value) for node in ast.walk(tree)
+  return [node for node in ast.walk(tree)
           if isinstance(node, ast.Constant) and isinstance(node.value, str)
-          and id(node) not in docstrings and node.value in words]
+          and id(node) not in docstrings]
+
+
+def _spelt_names(text, words):
+  """(line, word) of each string in `text`, docstrings aside, that is
+  one of `words`."""
+  return [(node.lineno, node.value) for node in _strings(text)
+          if node.value in words]
 
 
 def test_no_module_spells_another_modules_name():
@@ -338,15 +345,8 @@ _STARTED = re.compile(r'^(launch|pipeline)(\.\w+)+$|^ -m (launch|pipeline)\.')
 def _starts_a_process(text):
   """The lines of `text` that name a module to run as a process, docstrings
   aside: 'launch.train' as a string, or f'{python} -m launch.train'."""
-  tree = ast.parse(text)
-  docstrings = {id(node.value) for node in ast.walk(tree)
-                if isinstance(node, ast.Expr)
-                and isinstance(node.value, ast.Constant)}
-  return sorted({node.lineno for node in ast.walk(tree)
-                 if isinstance(node, ast.Constant)
-                 and isinstance(node.value, str)
-                 and id(node) not in docstrings
-                 and _STARTED.search(node.value)})
+  return sorted({node.lineno for node in _strings(text)
+                 if _STARTED.search(node.value)})
 
 
 def test_the_processes_the_library_starts_are_named_in_one_module():
