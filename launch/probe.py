@@ -134,7 +134,7 @@ def main(argv):
   # picks it loads.
   autotune_mode = 'fresh' if _SAVE_AUTOTUNE.value else _AUTOTUNE.value
   try:
-    loaded = picks.prepare_autotune(_OUT.value, autotune_mode)
+    loaded = picks.load(_OUT.value, autotune_mode)
   except ValueError as e:
     sys.exit(f'error: --autotune={autotune_mode}: {e}')
   runner = probe.run_all(

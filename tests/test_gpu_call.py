@@ -57,22 +57,19 @@ def test_the_probe_sets_its_picks_before_xla_starts(tmp_path, monkeypatch):
   gpus = ['NVIDIA H200']
   environ = {}
   with pytest.raises(ValueError, match='no picks saved for NVIDIA H200'):
-    picks.prepare_autotune(str(tmp_path / 'out'), 'require', environ, gpus)
+    picks.load(str(tmp_path / 'out'), 'require', environ, gpus)
   saved = autotune.save(os.path.join(FIXTURES, 'autotune_dump.textproto'),
                         'NVIDIA H200', picks.JaxBackend().software(),
                         'b0-224', {})
   assert saved
-  loaded = picks.prepare_autotune(str(tmp_path / 'out'), 'require',
-                                    environ, gpus)
+  loaded = picks.load(str(tmp_path / 'out'), 'require', environ, gpus)
   dump = f"{autotune.DUMP_FLAG}={tmp_path / 'out' / 'autotune.textproto'}"
   assert environ['XLA_FLAGS'] == ' '.join(
       [dump, *autotune.flags(loaded, require_complete=True)])
   fresh = {}
-  assert picks.prepare_autotune(str(tmp_path / 'out'), 'fresh', fresh,
-                                  gpus) is None
+  assert picks.load(str(tmp_path / 'out'), 'fresh', fresh, gpus) is None
   assert fresh['XLA_FLAGS'] == dump
-  assert picks.prepare_autotune(str(tmp_path / 'out'), 'require', {},
-                                  []) is None
+  assert picks.load(str(tmp_path / 'out'), 'require', {}, []) is None
 
 
 def test_the_fastest_process_near_the_median_keeps_its_picks():

@@ -19,12 +19,6 @@ from pipeline.rules.speed import autotune
 AUTOTUNE_FILE = 'autotune.textproto'
 
 
-def autotune_flag(out_dir):
-  """The XLA flag that has this process write its autotuner's picks."""
-  return (f'{autotune.DUMP_FLAG}='
-          f'{os.path.abspath(os.path.join(out_dir, AUTOTUNE_FILE))}')
-
-
 def card(device_kind=None, gpus=None):
   """The card the picks are kept for: the driver's name for it, which a run
   reads before JAX loads (`device_kind`, JAX's, where the driver names
@@ -33,28 +27,18 @@ def card(device_kind=None, gpus=None):
   return gpus[0] if gpus else device_kind
 
 
-def prepare_autotune(out_dir, mode, environ=None, gpus=None):
-  """Sets XLA_FLAGS in `environ` (os.environ unless given) before JAX
-  starts XLA: this process writes its picks into `out_dir`, and unless
-  `mode` is 'fresh' loads the picks saved for this card and software (as
-  a run does; 'require': every convolution's, a miss fails the compile).
-  Returns the loaded file's path, or None; ValueError where 'require'
-  finds none on a GPU. `gpus` stands in for the driver's list (tests)."""
-  environ = os.environ if environ is None else environ
-  added, loaded = [autotune_flag(out_dir)], None
+def load(out_dir, mode, environ=None, gpus=None):
+  """Before JAX starts XLA: this process writes its picks into `out_dir`
+  and loads those saved for this card and software as `mode` asks
+  (autotune.prepare). Returns the loaded file's path, or None. `gpus`
+  stands in for the driver's list (tests)."""
   gpus = probes.gpu_models() if gpus is None else gpus
-  if mode != 'fresh' and gpus:
-    card_name, software = card(gpus=gpus), JaxBackend().software()
-    print(f'probe: autotune picks for {card_name} and {software}', flush=True)
-    loaded, skipped = autotune.merged(card_name, software)
-    for line in skipped:
-      print(f'probe: {line}', flush=True)
-    if loaded:
-      added += autotune.flags(loaded, require_complete=mode == 'require')
-    elif mode == 'require':
-      raise ValueError(f'no picks saved for {card_name} and {software}: save '
-                       'them first with --save_autotune')
-  environ['XLA_FLAGS'] = autotune.with_flags(environ.get('XLA_FLAGS'), added)
+  loaded, passed_over = autotune.prepare(
+      card(gpus=gpus), JaxBackend().software() if gpus else None,
+      os.environ if environ is None else environ, mode,
+      write_to=os.path.join(out_dir, AUTOTUNE_FILE))
+  for line in passed_over:
+    print(f'probe: {line}', flush=True)
   return loaded
 
 

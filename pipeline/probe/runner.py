@@ -174,7 +174,7 @@ class Probe:
                         'ema_decay', 'optimizer')},
                     'stages': {}}
     self.compile_s = None  # (a)'s, what later stages are predicted by.
-    # The saved autotune picks XLA loaded (repeats.prepare_autotune), and
+    # The saved autotune picks XLA loaded (picks.load), and
     # whether (a) writes its compiled step's text.
     self.loaded_picks, self.keep_hlo = None, False
     self.device_images_per_sec = None  # (a)'s.

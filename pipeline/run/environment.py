@@ -210,22 +210,17 @@ def bind_gpus(environ=None, driver_gpus=None):
 def prepare_autotune(environ=None, gpus=None):
   """On a GPU, has XLA load the convolution picks saved for this card and
   the backend's software (rules/speed/autotune.py: launch.probe
-  --save_autotune keeps them), in `environ`'s XLA_FLAGS (os.environ unless
-  given) before TensorFlow or JAX load: every process then runs the same
-  kernels. Returns the file's path, or None where there is none or the
-  user's own XLA_FLAGS name one. `gpus` stands in for the driver's list."""
-  environ = os.environ if environ is None else environ
+  --save_autotune keeps them) before TensorFlow or JAX load: every process
+  then runs the same kernels. Returns the file's path, or None. `gpus`
+  stands in for the driver's list."""
   gpus = backends.gpu_models() if gpus is None else gpus
-  if not gpus or autotune.LOAD_FLAG in environ.get('XLA_FLAGS', ''):
+  if not gpus:
     return None
-  backend, _ = backends.chosen()
-  path, passed_over = autotune.merged(gpus[0], backend.software())
+  path, passed_over = autotune.prepare(
+      gpus[0], backends.chosen()[0].software(),
+      os.environ if environ is None else environ)
   for line in passed_over:
     logging.warning('%s', line)
-  if path:
-    environ['XLA_FLAGS'] = autotune.with_flags(environ.get('XLA_FLAGS'),
-                                               autotune.flags(path))
-    autotune.keep(path)
   return path
 
 

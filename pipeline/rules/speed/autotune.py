@@ -175,6 +175,30 @@ def digest_of(path):
   return os.path.basename(path)[:-len(_SUFFIX)]
 
 
+def prepare(card, software, environ, mode='load', write_to=None):
+  """Has XLA load the picks saved for `card` (the driver's name for this
+  process's first GPU; None off a GPU) and `software`, in `environ`'s
+  XLA_FLAGS before TensorFlow or JAX start XLA. `mode` 'load'; 'require':
+  every convolution's, a miss fails the compile (ValueError where none is
+  saved); 'fresh': none. With `write_to`, this process writes its own
+  picks there. A user's own XLA_FLAGS naming a file stand. Returns (the
+  file loaded or None, a line for each saved file passed over)."""
+  added = [f'{DUMP_FLAG}={os.path.abspath(write_to)}'] if write_to else []
+  path, passed_over = None, []
+  if (card and mode != 'fresh' and
+      LOAD_FLAG not in environ.get('XLA_FLAGS', '')):
+    path, passed_over = merged(card, software)
+    if path:
+      added += flags(path, require_complete=mode == 'require')
+      keep(path)
+    elif mode == 'require':
+      raise ValueError(f'no picks saved for {card} and {software}: save '
+                       'them first with --save_autotune')
+  if added:
+    environ['XLA_FLAGS'] = with_flags(environ.get('XLA_FLAGS'), added)
+  return path, passed_over
+
+
 def flags(path, require_complete=False):
   """XLA's flags that load the results at `path`."""
   return [f'{LOAD_FLAG}={path}'] + (
@@ -261,7 +285,7 @@ _loaded = []
 
 
 def keep(path):
-  """Keeps the picks file this process gave XLA (environment.prepare)."""
+  """Keeps the picks file this process gave XLA (prepare)."""
   _loaded[:] = [path]
 
 
