@@ -216,6 +216,15 @@ def _launch(cwd, *args):
 
 
 @pytest.mark.slow
+def _refused(*args):
+  """The error lines of a launch.train refused in one line (exit 1, no
+  traceback)."""
+  refused = run_train(*args, timeout=300)
+  assert refused.returncode == 1 and 'Traceback' not in refused.stderr, (
+      refused.stderr[-2000:])
+  return [l for l in refused.stderr.splitlines() if l.startswith('error:')]
+
+
 def test_reruns_of_real_runs(tmp_path, tfds_dir):
   """The issue's sequence with real processes: a tiny run in the default
   workdir; a changed learning rate on that workdir named explicitly is
@@ -230,15 +239,13 @@ def test_reruns_of_real_runs(tmp_path, tfds_dir):
   workdir = tmp_path / 'runs' / 'efficientnet_tiny_sklearn_digits'
   before = tree_digest(str(workdir))
 
-  refused = run_train(*args, f'--workdir={workdir}',
-                      '--config.base_learning_rate=0.05', timeout=300)
-  errors = [l for l in refused.stderr.splitlines() if l.startswith('error:')]
-  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
+  errors = _refused(*args, f'--workdir={workdir}',
+                    '--config.base_learning_rate=0.05')
   assert errors == [
       f"error: workdir '{workdir}' holds a run with base_learning_rate=0.01, "
       'not 0.05; to start a new run use another --workdir, or to train this '
       'one on under the new values (recorded in run.json) '
-      '--accept_changes=base_learning_rate'], refused.stderr[-2000:]
+      '--accept_changes=base_learning_rate']
   assert tree_digest(str(workdir)) == before
 
   own = _launch(tmp_path, *args, '--config.base_learning_rate=0.05')
@@ -261,17 +268,14 @@ def test_reruns_of_real_runs(tmp_path, tfds_dir):
   # refused in one line, run.json untouched (it would claim weights the
   # new rate never trained).
   before = tree_digest(str(workdir))
-  nothing_left = run_train(*args, f'--workdir={workdir}',
-                           '--config.base_learning_rate=0.05',
-                           '--accept_changes=base_learning_rate', timeout=300)
-  errors = [l for l in nothing_left.stderr.splitlines()
-            if l.startswith('error:')]
-  assert nothing_left.returncode == 1, nothing_left.stderr[-2000:]
+  errors = _refused(*args, f'--workdir={workdir}',
+                    '--config.base_learning_rate=0.05',
+                    '--accept_changes=base_learning_rate')
   assert errors == [
       f"error: workdir '{workdir}' holds a finished run: nothing is left to "
       'train under base_learning_rate=0.05; use another --workdir for a new '
       'run, or raise --config.epochs (with --accept_changes=epochs) to train '
-      'this one longer'], nothing_left.stderr[-2000:]
+      'this one longer']
   assert tree_digest(str(workdir)) == before
 
   extended = _launch(tmp_path, *args, '--config.epochs=3',
