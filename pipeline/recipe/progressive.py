@@ -41,6 +41,17 @@ class Stage:
   randaugment_magnitude: float
   mixup_alpha: float
   dropout_rate: float
+  # The stage's training input (a data.input_spec.InputSpec at its size
+  # and strengths; with_input), handed down as it is: the plan's alone.
+  input: object = None
+
+  def with_input(self, spec, count):
+    """This stage with its input: `spec` (the run's) where it is the
+    only one of `count` stages, else at this stage's values."""
+    return dataclasses.replace(self, input=spec if count == 1 else
+                               spec.at_stage(self.image_size,
+                                             self.randaugment_magnitude,
+                                             self.mixup_alpha))
 
   def describe(self, count, randaugment):
     """The plan's line; `randaugment`: the run's augmentation has
@@ -53,7 +64,8 @@ class Stage:
             + f'mixup {self.mixup_alpha:g}, dropout {self.dropout_rate:g}')
 
   def to_json(self):
-    return dataclasses.asdict(self)
+    return {field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self) if field.name != 'input'}
 
 
 @dataclasses.dataclass(frozen=True)

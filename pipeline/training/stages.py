@@ -2,9 +2,9 @@
 
 Where progressive learning is off the run has one stage and one input, as
 before. Otherwise, as a stage begins (a run starting or resuming in it,
-or the loop reaching its first step) its input is built at its size, with
-its RandAugment magnitude and mixup, the model's head dropout is set to
-its rate, and the first execution's compile is counted: each size is one
+or the loop reaching its first step) its input is built from the stage's
+own spec (the plan's: its size, RandAugment magnitude and mixup), the
+model's head dropout is set to its rate, and the first execution's compile is counted: each size is one
 more program of the training step, which the log says.
 """
 
@@ -35,13 +35,10 @@ class StagedInput:
 
   def _begin(self, stage, step):
     plan, count = self.plan, len(self.plan.stages)
-    spec = plan.input
     if count > 1:
-      spec = spec.at_stage(stage.image_size, stage.randaugment_magnitude,
-                           stage.mixup_alpha)
       models.set_head_dropout(self.trainer.model, stage.dropout_rate)
       logging.info('Progressive learning, %s%s', stage.describe(
-          count, spec.augmentation.randaugment),
+          count, stage.input.augmentation.randaugment),
                    f' (resumed at step {step})' if step > stage.first_step
                    else '')
     job = self.service_job + (f':stage{stage.index}' if count > 1 else '')
@@ -49,7 +46,7 @@ class StagedInput:
       # Its destruction can stand still for up to a minute; not here.
       spent_iterators.release(self.iterator)
     self.iterator = iter(plan.backend.distribute(
-        plan.hardware, inputs.train_input(plan, job, spec)))
+        plan.hardware, inputs.train_input(plan, job, stage.input)))
     self.stage = stage
 
   def after_execution(self, execution):
