@@ -28,31 +28,28 @@ def export_run(plan, trainer, name='export'):
   `<workdir>/<name>` as export_model writes it; the export's URL."""
   config, described = plan.outputs, metadata(plan)
   with trainer.exported_weights():
-    keras_model = plain_keras(trainer.model, plan.source.num_classes,
-                              plan.recipe.model)
     return export_model(
         trainer.model, plan.workdir, plan.hardware.is_chief, described,
         name=name, tflite=config.export_tflite, onnx=config.export_onnx,
         io_device=plan.io_device, backend=plan.backend,
-        keras_model=keras_model)
+        keras_file=(plan.recipe.model, plan.source.num_classes))
 
 
 def export_model(model, workdir, is_chief, metadata, name='export',
                  tflite='', onnx=False, io_device=None, backend=None,
-                 keras_model=None):
+                 keras_file=None):
   """Saves a SavedModel to <workdir>/<name> atomically; returns its URL.
 
   `metadata` (class names, image size, preprocessing) goes beside it as
-  metadata.json, so launch.predict needs nothing but the export, and
-  `keras_model` (plain_keras's) as model.keras; with
-  `tflite` ('float32' or 'float16') a LiteRT model.tflite too, with
-  `onnx` a model.onnx (write_onnx), each written by the `backend`
-  (TensorFlow's where None). Every
-  worker traces the export (tf.distribute may need all of them in the
-  save); only the chief's copy is kept, written under a temporary name and
-  renamed into place, then uploaded for a gs:// workdir. `io_device`
-  '/job:localhost' keeps a TPU Node's file writes on this host, as the
-  checkpoints do.
+  metadata.json, so launch.predict needs nothing but the export. With
+  `tflite` ('float32' or 'float16') a LiteRT model.tflite too, with `onnx`
+  a model.onnx (onnx_fields), each written by the `backend` (TensorFlow's
+  where None); with `keras_file` (the network's name and classes) a
+  model.keras (plain_keras). Every worker traces the export (tf.distribute
+  may need all of them in the save); only the chief's copy is kept,
+  written under a temporary name and renamed into place, then uploaded for
+  a gs:// workdir. `io_device` '/job:localhost' keeps a TPU Node's file
+  writes on this host, as the checkpoints do.
   """
   target = workdir.path(name)
   staging = (f'{target}.tmp-{os.getpid()}' if is_chief else
@@ -63,13 +60,18 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   if not is_chief:
     tf.io.gfile.rmtree(staging)
     return None
-  if keras_model:
-    keras_model.save(os.path.join(staging, KERAS))
   if tflite:
     backend.export('tflite', model, metadata, os.path.join(staging, TFLITE),
                    tflite)
-  onnx_written = (write_onnx(backend, model, metadata, staging) if onnx
-                  else {'onnx': None})
+  policy = model.dtype_policy.name
+  # A 16-bit model's ONNX is a float32 rebuild's, checked against that
+  # rebuild's SavedModel (Backend.export).
+  onnx_written = onnx_fields(backend.export(
+      'onnx', model, dict(metadata, policy=policy),
+      os.path.join(staging, ONNX), ONNX_CHECK_IMAGES, staging),
+                             policy, staging) if onnx else {'onnx': None}
+  if keras_file:
+    plain_keras(model, *keras_file).save(os.path.join(staging, KERAS))
   workdirs.write_json(os.path.join(staging, METADATA),
                      dict(metadata, tflite=TFLITE if tflite else None,
                           **onnx_written))
@@ -78,7 +80,7 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   return f'{workdir.url}/{name}'
 
 
-def plain_keras(model, num_classes, name):
+def plain_keras(model, name, num_classes):
   """What model.keras holds: the trained network `model` (of `name`) for a
   Keras user to `keras.models.load_model` and fit on: a float32 rebuild
   with keras.applications' layers (readable without this project) that
@@ -88,16 +90,10 @@ def plain_keras(model, num_classes, name):
   return models.rebuilt(name, num_classes, model.get_weights())
 
 
-def write_onnx(backend, model, metadata, staging):
-  """model.onnx beside the SavedModel in `staging`, kept only where it
-  computes what the SavedModel it was converted from does (within
-  ONNX_TOLERANCE): its metadata.json fields, the difference measured
-  either way. A 16-bit export's ONNX is a float32 rebuild's, checked
-  against that rebuild's SavedModel (Backend.export)."""
-  path = os.path.join(staging, ONNX)
-  policy = model.dtype_policy.name
-  difference = backend.export('onnx', model, dict(metadata, policy=policy),
-                              path, ONNX_CHECK_IMAGES, staging)
+def onnx_fields(difference, policy, staging):
+  """metadata.json's fields for the model.onnx in `staging`, whose
+  probabilities differ by `difference` from the SavedModel's it was
+  converted from (a `policy` model's): kept only within ONNX_TOLERANCE."""
   fields = {'onnx': ONNX, 'onnx_max_difference': difference,
             'onnx_tolerance': ONNX_TOLERANCE,
             'onnx_checked_against': 'the SavedModel' if policy == 'float32'
@@ -108,7 +104,7 @@ def write_onnx(backend, model, metadata, staging):
                  'images', ONNX, difference, fields['onnx_checked_against'],
                  ONNX_CHECK_IMAGES)
     return fields
-  os.remove(path)
+  os.remove(os.path.join(staging, ONNX))
   logging.warning('%s not written: its probabilities differ from those of '
                   '%s by %.3g on %d images, over the %.0e accepted', ONNX,
                   fields['onnx_checked_against'], difference,

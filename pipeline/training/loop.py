@@ -64,8 +64,7 @@ def _train_and_evaluate(plan, extra_actions):
   trainer = plan.backend.build_trainer(plan)
   # Before restoring: the seed's weights, equal across policies and batches.
   initial_weights_sha256 = trainer.weights_sha256()
-  checkpointer, keep_best = _checkpointers(plan, trainer)
-  initial_step = _restore_or_initialize(plan, trainer, checkpointer)
+  checkpointer, keep_best, initial_step = _resume(plan, trainer)
 
   backend, batch = plan.backend, plan.global_batch_size
   train_data = stages.StagedInput(plan, trainer, f'train:{workdir.url}')
@@ -142,9 +141,11 @@ def _train_and_evaluate(plan, extra_actions):
   return result
 
 
-def _checkpointers(plan, trainer):
-  """The run's checkpoint series, and KeepBest's (None without
-  keep_best_metric)."""
+def _resume(plan, trainer):
+  """The run's checkpoint series and KeepBest's (None without
+  keep_best_metric), the newest checkpoint restored; a run that starts at
+  step 0 loads init_from's weights instead (a resumed run keeps its own).
+  Returns them and the step the run starts at."""
   config = plan.outputs
   hardware, workdir = plan.hardware, plan.workdir
 
@@ -159,17 +160,7 @@ def _checkpointers(plan, trainer):
                         if_missing={'ema': start_average_here},
                         files=trainer.checkpoint_files)
 
-  keep_best = (actions.KeepBest(config.keep_best_metric,
-                                checkpointer_of('checkpoints_best', 1),
-                                workdir, hardware.is_chief)
-               if config.keep_best_metric else None)
-  return checkpointer_of('checkpoints', config.keep_checkpoints), keep_best
-
-
-def _restore_or_initialize(plan, trainer, checkpointer):
-  """Restores the newest checkpoint; a run that starts at step 0 loads
-  init_from's weights instead (a resumed run keeps its own weights).
-  Returns the step the run starts at."""
+  checkpointer = checkpointer_of('checkpoints', config.keep_checkpoints)
   checkpointer.restore_latest()
   initial_step = trainer.step
   if initial_step:
@@ -177,11 +168,15 @@ def _restore_or_initialize(plan, trainer, checkpointer):
   elif plan.fine_tuning.init_from:
     logging.info('Initialized the %s', finetune.load_init_from(
         plan.fine_tuning, trainer.model, plan.source.class_names,
-        plan.workdir.staging_root))
+        workdir.staging_root))
     trainer.read_back()
     if trainer.ema:
       trainer.ema.reset()
-  return initial_step
+  keep_best = (actions.KeepBest(config.keep_best_metric,
+                                checkpointer_of('checkpoints_best', 1),
+                                workdir, hardware.is_chief)
+               if config.keep_best_metric else None)
+  return checkpointer, keep_best, initial_step
 
 
 def _write_plan_text(plan, writer, step):
