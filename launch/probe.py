@@ -54,7 +54,7 @@ _POLICY = flags.DEFINE_enum(
                                  'float32'],
     'The policy of every stage but (e), which is mixed_float16.')
 _STAGES = flags.DEFINE_string(
-    'stages', 'abcdefg', 'Which stages, in this order ((a) always first).')
+    'stages', 'ahcdefg', 'Which stages, in this order ((a) always first).')
 _VARIANTS = flags.DEFINE_multi_string(
     'variant', [], 'A variant of the step to time against the baseline (the '
     "config as given): space-separated KEY=VALUE of config keys or policy, "
@@ -99,7 +99,7 @@ def main(argv):
   unknown = set(_STAGES.value) - set(probe.STAGES)
   if unknown or not _STAGES.value:
     sys.exit(f'error: --stages={_STAGES.value!r}: letters of '
-             f'{probe.STAGES!r}, e.g. abf')
+             f'{probe.STAGES!r}, e.g. ahf')
   config = _CONFIG.value
   config.image_size, config.global_batch_size = (_IMAGE_SIZE.value,
                                                  _BATCH_SIZE.value)

@@ -5,10 +5,6 @@ Stages, most decisive first, each written to `probe.json` as it ends (a
 run cut off still returns what it measured):
 
   a  compile time and images/s on batches already on the devices
-  b  images/s fed from host uint8 arrays through staging, for the loop as
-     it was (one program per execution, a `fori_loop` of a runtime trip
-     count) and as it is (one program per step): input wait, how long the
-     dispatches of an execution take to return, and the rate against (a)'s
   c  the device's memory limit, the compiled step's memory, and the input
      held beside it at two steps_per_execution
   d  FLOPs per image: the compiled program's count beside the unoptimized
@@ -21,7 +17,8 @@ run cut off still returns what it measured):
      kernel class, kernels and idle time per step, bytes moved per image
      against the device's bandwidth (step_profile.py)
   h  (a)'s program fed from host uint8 arrays through staging, as a run
-     feeds it (b without the old loop's compile)
+     feeds it: input wait, how long the dispatches of an execution take
+     to return, and the rate against (a)'s
 
 Then the variants (variants.py): the same step with some config
 keys, the policy or XLA's flags changed, each timed beside (a)'s step
@@ -36,7 +33,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import keras
 import numpy as np
 
@@ -54,7 +50,7 @@ from pipeline.recipe import objective
 from pipeline.rules.speed import saved_policy
 from pipeline.rules.speed import saved_rate
 
-STAGES = 'abcdefgh'
+STAGES = 'acdefgh'
 # The variants' policies: what a run on an accelerator may train under.
 VARIANT_POLICIES = ('mixed_bfloat16', 'mixed_float16', 'float32')
 
@@ -127,29 +123,6 @@ class Setup:
         self.model, self.optimizer, self.strategy, np.int32(0),
         [v.value for v in moving_average.averaged(self.model)]
         if self.ema else None)
-
-  def as_it_was(self):
-    """The train program as it was: one program per execution, a loop over
-    the first `num_steps` of its batches stacked on the devices, a trip
-    count known only at run time; with the stacking (state, batches) ->
-    (state, outputs), as the trainer's step is called."""
-    one_step = programs.step_function(
-        self.model, self.optimizer, self.objective, self.ema, False,
-        self.config.gradient_accumulation_steps)
-
-    def train(state, images, labels, num_steps):
-      def body(index, carry):
-        state, loss = carry
-        state, (step_loss, *_) = one_step(state, (images[index], labels[index]))
-        return state, loss + step_loss
-      return jax.lax.fori_loop(0, num_steps, body, (state, 0.0))
-
-    program = jax.jit(train, donate_argnums=0,
-                      out_shardings=self.strategy.replicated)
-    stack = jax.jit(lambda batches: tuple(map(jnp.stack, zip(*batches))),
-                    out_shardings=self.strategy.batch_sharding(stacked=True))
-    return lambda state, batches: program(state, *stack(batches),
-                                          np.int32(len(batches)))
 
 
 class Probe:

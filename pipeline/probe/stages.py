@@ -129,24 +129,6 @@ def _fed(probe, execution, state, executions):
       'input_wait_s_per_execution': round((wait_s + idle_s) / executions, 4)}
 
 
-def staged_input(probe, policy):
-  """(b): the trainer's staging, with the loop as it is and as it was."""
-  setup = probe.setup(policy)
-  state, now = _fed(probe, _by_steps(setup.compiled), setup.trained_state,
-                    probe.executions)
-  was = setup.as_it_was()
-  began = time.perf_counter()
-  state, _ = was(state, probe.on_devices(probe.slots))  # Compiles.
-  jax.block_until_ready(state)
-  compile_s = time.perf_counter() - began
-  setup.trained_state, before = _fed(probe, was, state, probe.executions)
-  return {'one_program_per_step': now,
-          'one_program_per_execution_runtime_trip_count': before,
-          'runtime_trip_count_compile_s': round(compile_s, 1),
-          'staged_bytes_per_device_limit':
-              step_counts.STAGED_INPUT_BYTES_PER_DEVICE}
-
-
 def host_fed(probe, policy):
   """(h): (a)'s compiled step fed from host uint8 arrays through the
   trainer's staging, as a run feeds it; no other program compiled."""
@@ -282,7 +264,7 @@ def keras_fit(probe, policy):
   model.fit with the same optimizer, batch and policy, fed the same host
   arrays. Its first epoch compiles; the second and third are timed, and
   (a)'s step is timed again before, between and after them, so a card's
-  drift favours neither. Where (b) ran, its host-fed rate against the
+  drift favours neither. Where (h) ran first, its host-fed rate against the
   peer too: the rate a user gets."""
   config = probe.config
   keras.mixed_precision.set_global_policy(policy)
@@ -327,9 +309,7 @@ def keras_fit(probe, policy):
         this_projects_step_alternating=[round(r, 1) for r in our_rates],
         this_projects_step_against_it=round(ours_rate / rate, 3))
   stages = probe.results['stages']
-  host_fed = (stages.get('h_host_fed', {}).get('images_per_sec') or
-              stages.get('b_staged_input', {}).get(
-                  'one_program_per_step', {}).get('images_per_sec'))
+  host_fed = stages.get('h_host_fed', {}).get('images_per_sec')
   if host_fed:
     figures['this_projects_host_fed_step_against_it'] = round(
         host_fed / rate, 3)
@@ -338,7 +318,6 @@ def keras_fit(probe, policy):
 
 # letter: (name, stage, compilations it makes).
 BY_LETTER = {'a': ('device_rate', device_rate, 1),
-             'b': ('staged_input', staged_input, 1),
              'c': ('memory', memory, 0),
              'd': ('flops', flops, 1),
              'e': ('float16', float16, 1),
