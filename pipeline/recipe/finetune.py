@@ -190,8 +190,9 @@ def _reader(workdir, source, ema_decay, resolved):
   ema = (checkpoint_files.Variables('ema', like=moving_average.averaged(source))
          if ema_decay else None)
   parts = dict(model=source, step=step, **({'ema': ema} if ema else {}))
+  written_as = _format_of(workdir, resolved)  # Before anything is read.
   files = lambda directory, keep: checkpoint_files.reader(
-      _format_of(workdir, resolved), parts, directory,
+      written_as, parts, directory,
       read_only=f'init_from={workdir.url!r} is read, never written')
   checkpointer = Checkpointer(workdir, 1, is_chief=False, files=files)
   return checkpointer, ((lambda: [keras.ops.convert_to_numpy(v)

@@ -313,24 +313,25 @@ def build(plan):
   if config.ema_decay:
     ema = ema_lib.MovingAverage(model, config.ema_decay, checkpoint_files.Variables(
         'ema', like=moving_average.averaged(model)))
-  strategy = hardware.strategy
+  strategy, objective = hardware.strategy, plan.objective
+  state = _state_of(model, optimizer, step_variables, ema, strategy)
+  train_step = programs.train_step(model, optimizer, objective, strategy,
+                                   ema, accumulation=accumulation)
+  frozen_step = (programs.train_step(model, optimizer, objective, strategy,
+                                     ema, frozen=True,
+                                     accumulation=accumulation)
+                 if plan.frozen_steps else None)
+  gradient_program = programs.gradient_program(model, optimizer, objective,
+                                               strategy)
   trainer = Trainer(
-      model, optimizer, strategy,
-      _state_of(model, optimizer, step_variables, ema, strategy),
-      programs.train_step(model, optimizer, plan.objective, strategy, ema,
-                          accumulation=accumulation),
+      model, optimizer, strategy, state, train_step,
       programs.eval_program(model, num_classes, strategy),
       num_classes, plan.source.label_offset,
       plan.out_of_memory_message(), ema=ema,
       step_variables=step_variables, slots=plan.steps_per_execution,
       accumulation=accumulation, frozen_steps=plan.frozen_steps,
       picks_to_compare=autotune.loaded(),
-      gradient_program=programs.gradient_program(
-          model, optimizer, plan.objective, strategy),
-      frozen_step=(programs.train_step(
-          model, optimizer, plan.objective, strategy, ema, frozen=True,
-          accumulation=accumulation)
-                   if plan.frozen_steps else None))
+      gradient_program=gradient_program, frozen_step=frozen_step)
   if ema:
     ema.trainer = trainer
   return trainer
