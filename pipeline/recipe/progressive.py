@@ -42,16 +42,8 @@ class Stage:
   mixup_alpha: float
   dropout_rate: float
   # The stage's training input (a data.input_spec.InputSpec at its size
-  # and strengths; with_input), handed down as it is: the plan's alone.
+  # and strengths: stages()), handed down as it is.
   input: object = None
-
-  def with_input(self, spec, count):
-    """This stage with its input: `spec` (the run's) where it is the
-    only one of `count` stages, else at this stage's values."""
-    return dataclasses.replace(self, input=spec if count == 1 else
-                               spec.at_stage(self.image_size,
-                                             self.randaugment_magnitude,
-                                             self.mixup_alpha))
 
   def describe(self, count, randaugment):
     """The plan's line; `randaugment`: the run's augmentation has
@@ -145,13 +137,14 @@ def check(progression):
                     f'{SIZE_STEP} px): fewer stages, or a smaller first size')
 
 
-def stages(progression, steps_per_epoch):
+def stages(progression, steps_per_epoch, spec=None):
   """The run's Stages, in order: one, the whole run, where progressive
-  learning is off (check() has passed it)."""
+  learning is off (check() has passed it); each with its input, `spec`
+  (the run's InputSpec) at its values."""
   count, epochs = progression.count, progression.epochs
   first, last = progression.first, progression.last
   if not count:
-    return (Stage(0, 0, epochs * steps_per_epoch, **last),)
+    return (Stage(0, 0, epochs * steps_per_epoch, **last, input=spec),)
   found = []
   for index in range(count):
     share = index / (count - 1)
@@ -162,7 +155,10 @@ def stages(progression, steps_per_epoch):
     # Whole epochs a stage: the input is rebuilt where an epoch begins.
     begin, end = (epochs * part // count * steps_per_epoch
                   for part in (index, index + 1))
-    found.append(Stage(index, begin, end, **values))
+    staged = spec and spec.at_stage(values['image_size'],
+                                    values['randaugment_magnitude'],
+                                    values['mixup_alpha'])
+    found.append(Stage(index, begin, end, **values, input=staged))
   return tuple(found)
 
 

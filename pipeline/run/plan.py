@@ -279,9 +279,7 @@ def resolve(config, request, hardware=None):
           source.num_classes, config.label_smoothing, config.l2_weight_decay),
       input=spec, fine_tuning=tuning,
       accepted_changes=opened.accepted_changes, chosen=chosen,
-      stages=tuple(stage.with_input(spec, chosen.progression.count or 1)
-                   for stage in progressive.stages(chosen.progression,
-                                                   steps_per_epoch)),
+      stages=progressive.stages(chosen.progression, steps_per_epoch, spec),
       recipe=parts.Settings({key: config[key] for key in (
           *_RECIPE_KEYS, *optimizers.OPTIMIZERS.settings(config),
           *schedules.SCHEDULES.settings(config),
