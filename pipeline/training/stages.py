@@ -4,8 +4,9 @@ Where progressive learning is off the run has one stage and one input, as
 before. Otherwise, as a stage begins (a run starting or resuming in it,
 or the loop reaching its first step) its input is built from the stage's
 own spec (the plan's: its size, RandAugment magnitude and mixup), the
-model's head dropout is set to its rate, and the first execution's compile is counted: each size is one
-more program of the training step, which the log says.
+model's head dropout is set to its rate, and the first execution's
+compile is counted: each size is one more program of the training step,
+which the log says.
 """
 
 from absl import logging
