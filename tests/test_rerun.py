@@ -215,7 +215,6 @@ def _launch(cwd, *args):
       timeout=600, check=False)
 
 
-@pytest.mark.slow
 def _refused(*args):
   """The error lines of a launch.train refused in one line (exit 1, no
   traceback)."""
@@ -225,6 +224,7 @@ def _refused(*args):
   return [l for l in refused.stderr.splitlines() if l.startswith('error:')]
 
 
+@pytest.mark.slow
 def test_reruns_of_real_runs(tmp_path, tfds_dir):
   """The issue's sequence with real processes: a tiny run in the default
   workdir; a changed learning rate on that workdir named explicitly is
