@@ -33,10 +33,13 @@ def load(out_dir, mode, environ=None, gpus=None):
   (autotune.prepare). Returns the loaded file's path, or None. `gpus`
   stands in for the driver's list (tests)."""
   gpus = probes.gpu_models() if gpus is None else gpus
+  software = JaxBackend().software() if gpus else None
+  if gpus and mode != 'fresh':
+    print(f'probe: autotune picks for {card(gpus=gpus)} and {software}',
+          flush=True)
   loaded, passed_over = autotune.prepare(
-      card(gpus=gpus), JaxBackend().software() if gpus else None,
-      os.environ if environ is None else environ, mode,
-      write_to=os.path.join(out_dir, AUTOTUNE_FILE))
+      card(gpus=gpus), software, os.environ if environ is None else environ,
+      mode, write_to=os.path.join(out_dir, AUTOTUNE_FILE))
   for line in passed_over:
     print(f'probe: {line}', flush=True)
   return loaded
