@@ -63,13 +63,15 @@ def export_model(model, workdir, is_chief, metadata, name='export',
   if tflite:
     backend.export('tflite', model, metadata, os.path.join(staging, TFLITE),
                    tflite)
-  policy = model.dtype_policy.name
-  # A 16-bit model's ONNX is a float32 rebuild's, checked against that
-  # rebuild's SavedModel (Backend.export).
-  onnx_written = onnx_fields(backend.export(
-      'onnx', model, dict(metadata, policy=policy),
-      os.path.join(staging, ONNX), ONNX_CHECK_IMAGES, staging),
-                             policy, staging) if onnx else {'onnx': None}
+  onnx_written = {'onnx': None}
+  if onnx:
+    # A 16-bit model's ONNX is a float32 rebuild's, checked against that
+    # rebuild's SavedModel (Backend.export).
+    policy = model.dtype_policy.name
+    difference = backend.export('onnx', model, dict(metadata, policy=policy),
+                                os.path.join(staging, ONNX),
+                                ONNX_CHECK_IMAGES, staging)
+    onnx_written = onnx_fields(difference, policy, staging)
   if keras_file:
     plain_keras(model, *keras_file).save(os.path.join(staging, KERAS))
   workdirs.write_json(os.path.join(staging, METADATA),
